@@ -1,0 +1,31 @@
+# `make test` runs every check (it creates .venv and installs the project when needed).
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+# mpirun (from the mpich wheel) and the console scripts come from the venv.
+export PATH := $(abspath $(BIN)):$(PATH)
+export OMP_NUM_THREADS ?= 1
+
+.PHONY: test lint typecheck pytest clean
+
+$(STAMP): pyproject.toml constraints-cpu.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip setuptools wheel
+	$(BIN)/python -m pip install -q -c constraints-cpu.txt -e '.[all,dev]'
+	touch $(STAMP)
+
+test: lint typecheck pytest
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: $(STAMP)
+	$(BIN)/mypy optuna_hpcnas qubo
+
+pytest: $(STAMP)
+	$(BIN)/python -m pytest tests
+
+clean:
+	rm -rf $(VENV) build *.egg-info .mypy_cache .ruff_cache .pytest_cache

@@ -1,0 +1,28 @@
+"""optuna-hpcnas: neural architecture search for Optuna, from a laptop to an HPC cluster.
+
+Importing this package loads neither torch, deepspeed nor mpi4py; those come with the
+components that need them.
+"""
+
+from __future__ import annotations
+
+from optuna_hpcnas.search_space import Architecture
+from optuna_hpcnas.search_space import CellConfig
+from optuna_hpcnas.search_space import ClusterConfig
+from optuna_hpcnas.search_space import HierarchicalSearchSpace
+from optuna_hpcnas.search_space import Level
+from optuna_hpcnas.search_space import OperatorRegistry
+from optuna_hpcnas.search_space import OperatorSpec
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Architecture",
+    "CellConfig",
+    "ClusterConfig",
+    "HierarchicalSearchSpace",
+    "Level",
+    "OperatorRegistry",
+    "OperatorSpec",
+    "__version__",
+]

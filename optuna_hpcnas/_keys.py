@@ -1,0 +1,13 @@
+"""Every storage key this package writes, in one place, namespaced ``hpcnas:<component>:<field>``.
+
+Study and trial system attributes are shared by all workers of a study; keeping the names
+here stops two components from colliding.
+"""
+
+from __future__ import annotations
+
+# Study system attributes.
+SEARCH_SPACE = "hpcnas:search_space:definition"
+
+# Constraint names (through ``trial.set_constraint``; Optuna prefixes them itself).
+CLUSTER_RANKS_CONSTRAINT = "hpcnas.cluster_ranks"

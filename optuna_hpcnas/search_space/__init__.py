@@ -1,0 +1,23 @@
+"""Hierarchical search spaces: topology, operators, micro parameters and cluster layout."""
+
+from __future__ import annotations
+
+from optuna_hpcnas.search_space._architecture import Architecture
+from optuna_hpcnas.search_space._architecture import CellConfig
+from optuna_hpcnas.search_space._architecture import ClusterConfig
+from optuna_hpcnas.search_space._operators import OperatorRegistry
+from optuna_hpcnas.search_space._operators import OperatorSpec
+from optuna_hpcnas.search_space._space import Decision
+from optuna_hpcnas.search_space._space import HierarchicalSearchSpace
+from optuna_hpcnas.search_space._space import Level
+
+__all__ = [
+    "Architecture",
+    "CellConfig",
+    "ClusterConfig",
+    "Decision",
+    "HierarchicalSearchSpace",
+    "Level",
+    "OperatorRegistry",
+    "OperatorSpec",
+]

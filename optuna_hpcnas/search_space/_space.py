@@ -1,0 +1,673 @@
+"""``HierarchicalSearchSpace``: macro topology, per-cell operators with micro parameters, and a
+cluster layout, suggested through plain ``trial.suggest_categorical`` calls.
+
+Every decision has a hierarchical name (``node.topology``, ``node.cell2.op``,
+``node.cell2.kernel``, ``cluster.data_parallel``) and a level. Micro parameters are
+conditional: they are suggested only when the cell's operator takes them, so every Optuna
+sampler sees a plain (conditional) categorical space.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from collections.abc import Iterator
+from collections.abc import Mapping
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import Enum
+import itertools
+import json
+import math
+from typing import Any
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from optuna_hpcnas import _keys
+from optuna_hpcnas.search_space._architecture import Architecture
+from optuna_hpcnas.search_space._architecture import CellConfig
+from optuna_hpcnas.search_space._architecture import ClusterConfig
+from optuna_hpcnas.search_space._operators import DOMAINS
+from optuna_hpcnas.search_space._operators import OperatorRegistry
+from optuna_hpcnas.search_space._operators import OperatorSpec
+from qubo import OneHotEncoding
+
+if TYPE_CHECKING:
+    import optuna
+
+TOPOLOGIES = ("chain", "residual", "dense")
+Choice = str | int
+
+
+class Level(str, Enum):
+    """The level of the hierarchy a decision belongs to."""
+
+    TOPOLOGY = "topology"
+    OPERATOR = "operator"
+    MICRO = "micro"
+    CLUSTER = "cluster"
+
+
+# Micro parameters of a cell: (decision suffix = CellConfig field, does an operator take it).
+_MICRO: tuple[tuple[str, Callable[[OperatorSpec], bool]], ...] = (
+    ("kernel", lambda spec: spec.searches_kernel),
+    ("width", lambda spec: spec.has_width),
+    ("expansion", lambda spec: spec.has_expansion),
+    ("heads", lambda spec: spec.has_heads),
+)
+_CLUSTER_FIELDS = ("data_parallel", "pipeline_stages", "micro_batch_size")
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One categorical decision of the space.
+
+    ``parent``/``active_when`` make it conditional: it exists only while the parent decision
+    takes one of the ``active_when`` values.
+    """
+
+    name: str
+    level: Level
+    choices: tuple[Choice, ...]
+    parent: str | None = None
+    active_when: frozenset[Choice] | None = None
+
+    @property
+    def is_constant(self) -> bool:
+        """A decision with a single choice is not suggested: its value is fixed."""
+        return len(self.choices) == 1
+
+
+def _check_choices(field_name: str, values: Sequence[Any], *, positive_int: bool) -> tuple:
+    if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
+        raise TypeError(f"`{field_name}` must be a sequence, but got {values!r}.")
+    values = tuple(values)
+    if not values:
+        raise ValueError(f"`{field_name}` is empty; give at least one choice.")
+    if len(set(values)) != len(values):
+        raise ValueError(f"`{field_name}` has duplicate values: {list(values)}.")
+    if positive_int:
+        for v in values:
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"`{field_name}` contains {v!r}, but must hold integers >= 1.")
+    return values
+
+
+class HierarchicalSearchSpace:
+    """A hierarchical NAS search space for Optuna.
+
+    Args:
+        num_cells: Number of cells (nodes) of the macro network.
+        operators: Names of the candidate operators of every cell (from ``registry``).
+        topologies: Macro topologies among ``chain``, ``residual`` and ``dense``.
+        widths: Output widths (channels) for operators that take a width.
+        kernel_sizes: Kernel sizes for operators whose kernel is searched (e.g. ``conv``).
+        expansion_ratios: Feed-forward expansion ratios (transformer blocks).
+        num_heads: Numbers of attention heads (attention, transformer blocks).
+        data_parallel: Data-parallel degrees of one evaluation group.
+        pipeline_stages: Pipeline stages (at most ``num_cells``).
+        micro_batch_sizes: Micro-batch sizes.
+        max_ranks: Ranks available to one evaluation, when known: layouts with
+            ``data_parallel * pipeline_stages > max_ranks`` are infeasible.
+        domain: ``"image"`` or ``"sequence"``; every operator must support it.
+        registry: Operator registry; the built-in operators by default.
+
+    A choice list with one value makes a constant, which is not suggested.
+
+    Example:
+        >>> import optuna
+        >>> space = HierarchicalSearchSpace.preset("digits-small")
+        >>> def objective(trial):
+        ...     arch = space.suggest(trial)
+        ...     return float(sum(c.width or 0 for c in arch.cells))
+        >>> study = optuna.create_study()
+        >>> study.optimize(objective, n_trials=3)
+    """
+
+    def __init__(
+        self,
+        *,
+        num_cells: int,
+        operators: Sequence[str],
+        topologies: Sequence[str] = TOPOLOGIES,
+        widths: Sequence[int] = (32,),
+        kernel_sizes: Sequence[int] = (3,),
+        expansion_ratios: Sequence[int] = (4,),
+        num_heads: Sequence[int] = (2,),
+        data_parallel: Sequence[int] = (1,),
+        pipeline_stages: Sequence[int] = (1,),
+        micro_batch_sizes: Sequence[int] = (32,),
+        max_ranks: int | None = None,
+        domain: str = "image",
+        registry: OperatorRegistry | None = None,
+    ) -> None:
+        if isinstance(num_cells, bool) or not isinstance(num_cells, int):
+            raise TypeError(f"`num_cells` must be an int, but got {num_cells!r}.")
+        if num_cells < 1:
+            raise ValueError(f"`num_cells` is {num_cells}, but must be >= 1.")
+        if domain not in DOMAINS:
+            raise ValueError(f"`domain` is {domain!r}, but must be one of {list(DOMAINS)}.")
+        if max_ranks is not None and (
+            isinstance(max_ranks, bool) or not isinstance(max_ranks, int) or max_ranks < 1
+        ):
+            raise ValueError(f"`max_ranks` is {max_ranks!r}, but must be an integer >= 1 or None.")
+        self._registry = registry if registry is not None else OperatorRegistry.default()
+        self._num_cells = num_cells
+        self._domain = domain
+        self._max_ranks = max_ranks
+        self._operators = _check_choices("operators", operators, positive_int=False)
+        self._topologies = _check_choices("topologies", topologies, positive_int=False)
+        self._widths = _check_choices("widths", widths, positive_int=True)
+        self._kernel_sizes = _check_choices("kernel_sizes", kernel_sizes, positive_int=True)
+        self._expansion_ratios = _check_choices(
+            "expansion_ratios", expansion_ratios, positive_int=True
+        )
+        self._num_heads = _check_choices("num_heads", num_heads, positive_int=True)
+        self._data_parallel = _check_choices("data_parallel", data_parallel, positive_int=True)
+        self._pipeline_stages = _check_choices(
+            "pipeline_stages", pipeline_stages, positive_int=True
+        )
+        self._micro_batch_sizes = _check_choices(
+            "micro_batch_sizes", micro_batch_sizes, positive_int=True
+        )
+        self._validate()
+        self._decisions = self._build_decisions()
+        self._by_name = {d.name: d for d in self._decisions}
+        encoded = [d for d in self._decisions if not d.is_constant]
+        self._encoding = OneHotEncoding(
+            [d.name for d in encoded],
+            [d.choices + ((None,) if d.parent is not None else ()) for d in encoded],
+        )
+        self._recorded_studies: set[tuple[int, int]] = set()
+
+    # ------------------------------------------------------------------ definition
+    def _validate(self) -> None:
+        for topology in self._topologies:
+            if topology not in TOPOLOGIES:
+                raise ValueError(
+                    f"`topologies` contains {topology!r}, "
+                    f"but must hold values of {list(TOPOLOGIES)}."
+                )
+        specs = [self._registry[name] for name in self._operators]  # unknown names raise
+        for spec in specs:
+            if self._domain not in spec.domains:
+                raise ValueError(
+                    f"`operators` contains {spec.name!r}, which does not support the "
+                    f"{self._domain!r} domain (it supports {sorted(spec.domains)})."
+                )
+            if spec.searches_kernel:
+                assert spec.kernel_choices is not None
+                for k in self._kernel_sizes:
+                    if k not in spec.kernel_choices:
+                        raise ValueError(
+                            f"`kernel_sizes` contains {k}, which operator {spec.name!r} cannot "
+                            f"take (allowed: {list(spec.kernel_choices)})."
+                        )
+            if spec.has_heads:
+                for h in self._num_heads:
+                    if max(self._widths) % h:
+                        raise ValueError(
+                            f"`num_heads` contains {h}, which does not divide the model width "
+                            f"{max(self._widths)} (the largest of `widths`) used by {spec.name!r}."
+                        )
+        too_deep = [p for p in self._pipeline_stages if p > self._num_cells]
+        if too_deep:
+            raise ValueError(
+                f"`pipeline_stages` contains {too_deep[0]}, but a pipeline cannot have more "
+                f"stages than `num_cells` ({self._num_cells})."
+            )
+        if self._max_ranks is not None:
+            if min(self._data_parallel) * min(self._pipeline_stages) > self._max_ranks:
+                raise ValueError(
+                    f"No cluster layout fits `max_ranks`={self._max_ranks}: the smallest is "
+                    f"data_parallel={min(self._data_parallel)} x "
+                    f"pipeline_stages={min(self._pipeline_stages)}."
+                )
+
+    def _build_decisions(self) -> tuple[Decision, ...]:
+        specs = [self._registry[name] for name in self._operators]
+        micro_choices = {
+            "kernel": self._kernel_sizes,
+            "width": self._widths,
+            "expansion": self._expansion_ratios,
+            "heads": self._num_heads,
+        }
+        decisions = [Decision("node.topology", Level.TOPOLOGY, self._topologies)]
+        for i in range(self._num_cells):
+            op_name = f"node.cell{i}.op"
+            decisions.append(Decision(op_name, Level.OPERATOR, self._operators))
+            for suffix, applies in _MICRO:
+                users = frozenset(s.name for s in specs if applies(s))
+                if users:
+                    decisions.append(
+                        Decision(
+                            f"node.cell{i}.{suffix}",
+                            Level.MICRO,
+                            micro_choices[suffix],
+                            parent=op_name,
+                            active_when=users,
+                        )
+                    )
+        decisions.append(Decision("cluster.data_parallel", Level.CLUSTER, self._data_parallel))
+        decisions.append(Decision("cluster.pipeline_stages", Level.CLUSTER, self._pipeline_stages))
+        decisions.append(
+            Decision("cluster.micro_batch_size", Level.CLUSTER, self._micro_batch_sizes)
+        )
+        return tuple(decisions)
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def num_cells(self) -> int:
+        return self._num_cells
+
+    @property
+    def domain(self) -> str:
+        return self._domain
+
+    @property
+    def max_ranks(self) -> int | None:
+        return self._max_ranks
+
+    @property
+    def registry(self) -> OperatorRegistry:
+        return self._registry
+
+    @property
+    def operators(self) -> tuple[OperatorSpec, ...]:
+        return tuple(self._registry[name] for name in self._operators)
+
+    @property
+    def widths(self) -> tuple[int, ...]:
+        return self._widths
+
+    @property
+    def decisions(self) -> tuple[Decision, ...]:
+        """Every decision in suggestion order, constants included."""
+        return self._decisions
+
+    @property
+    def encoding(self) -> OneHotEncoding:
+        """One-hot groups of the non-constant decisions; conditional ones end in ``None``."""
+        return self._encoding
+
+    def decision(self, name: str) -> Decision:
+        try:
+            return self._by_name[name]
+        except KeyError:
+            raise ValueError(f"{name!r} is not a decision of this search space.") from None
+
+    def distributions(self) -> dict[str, optuna.distributions.CategoricalDistribution]:
+        """Optuna distributions of every non-constant decision (conditional ones included)."""
+        import optuna
+
+        return {
+            d.name: optuna.distributions.CategoricalDistribution(d.choices)
+            for d in self._decisions
+            if not d.is_constant
+        }
+
+    # ------------------------------------------------------------------ params <-> architecture
+    def _active(self, decision: Decision, values: Mapping[str, Choice]) -> bool:
+        if decision.parent is None:
+            return True
+        assert decision.active_when is not None
+        return values.get(decision.parent) in decision.active_when
+
+    def _cell(self, op: Choice, micro: Mapping[str, Choice]) -> CellConfig:
+        spec = self._registry[str(op)]
+        fields: dict[str, Any] = {name: micro[name] for name, _ in _MICRO if name in micro}
+        if spec.kernel is not None:
+            fields["kernel"] = spec.kernel
+        return CellConfig(op=str(op), **fields)
+
+    def _architecture(self, values: Mapping[str, Choice]) -> Architecture:
+        cells = []
+        for i in range(self._num_cells):
+            prefix = f"node.cell{i}."
+            micro = {k[len(prefix) :]: v for k, v in values.items() if k.startswith(prefix)}
+            cells.append(self._cell(micro.pop("op"), micro))
+        cluster = ClusterConfig(*(int(values[f"cluster.{f}"]) for f in _CLUSTER_FIELDS))
+        return Architecture(str(values["node.topology"]), tuple(cells), cluster)
+
+    def suggest(self, trial: optuna.trial.BaseTrial) -> Architecture:
+        """Suggest an architecture through ``trial.suggest_categorical``.
+
+        With ``max_ranks`` set, the constraint ``hpcnas.cluster_ranks``
+        (``data_parallel * pipeline_stages - max_ranks``, feasible when <= 0) is recorded
+        through ``trial.set_constraint``.
+        """
+        self._record_definition(trial)
+        values: dict[str, Choice] = {}
+        for d in self._decisions:
+            if not self._active(d, values):
+                continue
+            if d.is_constant:
+                values[d.name] = d.choices[0]
+            else:
+                values[d.name] = trial.suggest_categorical(d.name, d.choices)  # type: ignore[assignment]
+        arch = self._architecture(values)
+        if self._max_ranks is not None and hasattr(trial, "set_constraint"):
+            trial.set_constraint(_keys.CLUSTER_RANKS_CONSTRAINT, float(self.rank_excess(arch)))
+        return arch
+
+    def from_params(self, params: Mapping[str, Any]) -> Architecture:
+        """The architecture of an Optuna ``params`` dict (e.g. ``study.best_params``).
+
+        Every active, non-constant decision must be present with a valid value, and no other
+        key; constants may be given with their fixed value.
+        """
+        values: dict[str, Choice] = {}
+        for d in self._decisions:
+            if not self._active(d, values):
+                if d.name in params:
+                    raise ValueError(
+                        f"Parameter {d.name!r} is given, but it does not apply when "
+                        f"{d.parent!r} is {values.get(d.parent or '')!r}."
+                    )
+                continue
+            if d.name not in params:
+                if d.is_constant:
+                    values[d.name] = d.choices[0]
+                    continue
+                raise ValueError(f"Parameter {d.name!r} is missing.")
+            value = params[d.name]
+            if value not in d.choices or isinstance(value, bool):
+                raise ValueError(
+                    f"Parameter {d.name!r} is {value!r}, but must be one of {list(d.choices)}."
+                )
+            values[d.name] = value
+        extra = sorted(set(params) - set(self._by_name))
+        if extra:
+            raise ValueError(f"Parameter {extra[0]!r} is not part of this search space.")
+        return self._architecture(values)
+
+    def _values(self, arch: Architecture) -> dict[str, Choice]:
+        """Decision values of ``arch`` (active decisions only, constants included)."""
+        if not isinstance(arch, Architecture):
+            raise TypeError(f"Expected an Architecture, but got {type(arch).__name__}.")
+        if arch.num_cells != self._num_cells:
+            raise ValueError(
+                f"The architecture has {arch.num_cells} cells, "
+                f"but the space has {self._num_cells}."
+            )
+        raw: dict[str, Any] = {"node.topology": arch.topology}
+        for i, cell in enumerate(arch.cells):
+            raw[f"node.cell{i}.op"] = cell.op
+            spec = self._registry[cell.op] if cell.op in self._registry else None
+            for attr, applies in _MICRO:
+                value = getattr(cell, attr)
+                takes = spec is not None and applies(spec)
+                if attr == "kernel" and spec is not None and spec.kernel is not None:
+                    if value not in (None, spec.kernel):
+                        raise ValueError(
+                            f"Cell {i} has kernel {value}, but operator {cell.op!r} has a fixed "
+                            f"kernel of {spec.kernel}."
+                        )
+                    continue
+                if value is not None and not takes:
+                    raise ValueError(
+                        f"Cell {i} sets {attr}={value!r}, which {cell.op!r} does not take."
+                    )
+                if takes:
+                    raw[f"node.cell{i}.{attr}"] = value
+        for f in _CLUSTER_FIELDS:
+            raw[f"cluster.{f}"] = getattr(arch.cluster, f)
+        values: dict[str, Choice] = {}
+        for d in self._decisions:
+            if not self._active(d, values):
+                continue
+            value = raw.get(d.name)
+            if value is None or value not in d.choices:
+                raise ValueError(f"{d.name!r} is {value!r}, but must be one of {list(d.choices)}.")
+            values[d.name] = value
+        return values
+
+    def to_params(self, arch: Architecture) -> dict[str, Choice]:
+        """The Optuna params of ``arch`` (for ``study.enqueue_trial``); constants left out."""
+        return {k: v for k, v in self._values(arch).items() if not self._by_name[k].is_constant}
+
+    def contains(self, arch: Architecture) -> bool:
+        """Whether ``arch`` is a point of this space (feasibility of the layout aside)."""
+        try:
+            self._values(arch)
+        except ValueError:
+            return False
+        return True
+
+    # ------------------------------------------------------------------ feasibility
+    def rank_excess(self, arch: Architecture) -> int:
+        """``data_parallel * pipeline_stages - max_ranks`` (<= 0 is feasible; 0 if unknown)."""
+        if self._max_ranks is None:
+            return 0
+        return arch.cluster.ranks - self._max_ranks
+
+    def is_feasible(self, arch: Architecture) -> bool:
+        return self.rank_excess(arch) <= 0
+
+    # ------------------------------------------------------------------ counting
+    def _cell_configs(self) -> list[dict[str, Choice]]:
+        configs: list[dict[str, Choice]] = []
+        cell_decisions = [d for d in self._decisions if d.name.startswith("node.cell0.")]
+        op_decision, micro = cell_decisions[0], cell_decisions[1:]
+        for op in op_decision.choices:
+            active = [d for d in micro if d.active_when and op in d.active_when]
+            for combo in itertools.product(*(d.choices for d in active)):
+                config: dict[str, Choice] = {"op": op}
+                config.update({d.name.rsplit(".", 1)[1]: v for d, v in zip(active, combo)})
+                configs.append(config)
+        return configs
+
+    def _cluster_layouts(self) -> list[tuple[int, int, int]]:
+        return [
+            (dp, pp, mb)
+            for dp, pp, mb in itertools.product(
+                self._data_parallel, self._pipeline_stages, self._micro_batch_sizes
+            )
+            if self._max_ranks is None or dp * pp <= self._max_ranks
+        ]
+
+    def cardinality(self) -> int:
+        """Number of distinct feasible architectures (an exact integer)."""
+        return (
+            len(self._topologies)
+            * len(self._cell_configs()) ** self._num_cells
+            * len(self._cluster_layouts())
+        )
+
+    def enumerate(self, max_size: int = 100_000) -> Iterator[Architecture]:
+        """Every feasible architecture, in a fixed order; for small spaces only."""
+        size = self.cardinality()
+        if size > max_size:
+            raise ValueError(
+                f"The space has {size} architectures, more than `max_size`={max_size}; "
+                "enumerate only small spaces."
+            )
+        cells = [self._cell(c["op"], c) for c in self._cell_configs()]
+        layouts = self._cluster_layouts()
+        for topology in self._topologies:
+            for node in itertools.product(cells, repeat=self._num_cells):
+                for dp, pp, mb in layouts:
+                    yield Architecture(str(topology), node, ClusterConfig(dp, pp, mb))
+
+    # ------------------------------------------------------------------ encoding
+    def encode(self, arch: Architecture) -> np.ndarray:
+        """One-hot bits of ``arch`` (``uint8``), in the order of ``self.encoding``."""
+        values = self._values(arch)
+        return self._encoding.encode([values.get(name) for name in self._encoding.names])
+
+    def decode(self, bits: Sequence[int] | np.ndarray) -> Architecture:
+        """The architecture of one-hot ``bits``; inconsistent bits raise ``ValueError``."""
+        decoded = dict(zip(self._encoding.names, self._encoding.decode(bits)))
+        params = {k: v for k, v in decoded.items() if v is not None}
+        inactive_set = [
+            k
+            for k, v in decoded.items()
+            if v is None and self._active(self._by_name[k], decoded)  # type: ignore[arg-type]
+        ]
+        if inactive_set:
+            raise ValueError(f"Bits leave {inactive_set[0]!r} unset, but it applies.")
+        return self.from_params(params)
+
+    # ------------------------------------------------------------------ mutation
+    def mutate(
+        self,
+        arch: Architecture,
+        rng: np.random.Generator,
+        level: Level | str | None = None,
+    ) -> Architecture:
+        """Change exactly one decision of ``arch``, at ``level`` if given.
+
+        The decision is drawn uniformly among the active, non-constant decisions (of that
+        level). Micro parameters that start to apply get a random value; those that stop
+        applying are dropped; the cluster layout stays feasible.
+        """
+        values = self._values(arch)
+        wanted = Level(level) if level is not None else None
+        candidates = [
+            d
+            for d in self._decisions
+            if not d.is_constant and d.name in values and (wanted is None or d.level == wanted)
+        ]
+        order = rng.permutation(len(candidates))
+        for index in order:
+            d = candidates[int(index)]
+            alternatives = [c for c in d.choices if c != values[d.name]]
+            if d.level == Level.CLUSTER and self._max_ranks is not None:
+                alternatives = [
+                    c
+                    for c in alternatives
+                    if self._layout_ranks(values, d.name, c) <= self._max_ranks
+                ]
+            if not alternatives:
+                continue
+            new_values = dict(values)
+            new_values[d.name] = alternatives[int(rng.integers(len(alternatives)))]
+            return self._architecture(self._complete(new_values, rng))
+        where = f" at level {wanted.value!r}" if wanted is not None else ""
+        raise ValueError(f"The architecture has no decision that can change{where}.")
+
+    @staticmethod
+    def _layout_ranks(values: Mapping[str, Choice], name: str, value: Choice) -> int:
+        dp = int(value if name == "cluster.data_parallel" else values["cluster.data_parallel"])
+        pp = int(value if name == "cluster.pipeline_stages" else values["cluster.pipeline_stages"])
+        return dp * pp
+
+    def _complete(
+        self, values: Mapping[str, Choice], rng: np.random.Generator
+    ) -> dict[str, Choice]:
+        """Keep values that still apply, draw those that start to apply, drop the rest."""
+        out: dict[str, Choice] = {}
+        for d in self._decisions:
+            if not self._active(d, out):
+                continue
+            if d.name in values:
+                out[d.name] = values[d.name]
+            else:
+                out[d.name] = d.choices[int(rng.integers(len(d.choices)))]
+        return out
+
+    def sample(self, rng: np.random.Generator) -> Architecture:
+        """A uniformly random choice per decision (a feasible layout is redrawn if needed)."""
+        for _ in range(1000):
+            arch = self._architecture(self._complete({}, rng))
+            if self.is_feasible(arch):
+                return arch
+        raise RuntimeError("No feasible architecture found in 1000 draws.")  # pragma: no cover
+
+    # ------------------------------------------------------------------ serialisation
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready definition, operator metadata included."""
+        return {
+            "num_cells": self._num_cells,
+            "operators": list(self._operators),
+            "operator_specs": [self._registry[name].to_dict() for name in self._operators],
+            "topologies": list(self._topologies),
+            "widths": list(self._widths),
+            "kernel_sizes": list(self._kernel_sizes),
+            "expansion_ratios": list(self._expansion_ratios),
+            "num_heads": list(self._num_heads),
+            "data_parallel": list(self._data_parallel),
+            "pipeline_stages": list(self._pipeline_stages),
+            "micro_batch_sizes": list(self._micro_batch_sizes),
+            "max_ranks": self._max_ranks,
+            "domain": self._domain,
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+
+    @classmethod
+    def from_dict(
+        cls, data: Mapping[str, Any], registry: OperatorRegistry | None = None
+    ) -> HierarchicalSearchSpace:
+        """Rebuild a space; operators missing from ``registry`` come from their metadata."""
+        data = dict(data)
+        specs = data.pop("operator_specs", [])
+        registry = registry if registry is not None else OperatorRegistry.default()
+        for spec in specs:
+            if spec["name"] not in registry:
+                registry.register(OperatorSpec.from_dict(spec))
+        return cls(registry=registry, **data)
+
+    @classmethod
+    def from_json(
+        cls, text: str, registry: OperatorRegistry | None = None
+    ) -> HierarchicalSearchSpace:
+        return cls.from_dict(json.loads(text), registry=registry)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, HierarchicalSearchSpace) and self.to_json() == other.to_json()
+
+    def __hash__(self) -> int:
+        return hash(self.to_json())
+
+    def __repr__(self) -> str:
+        return (
+            f"HierarchicalSearchSpace(num_cells={self._num_cells}, domain={self._domain!r}, "
+            f"operators={list(self._operators)}, cardinality={self.cardinality():.3g})"
+        )
+
+    # ------------------------------------------------------------------ study record
+    def _record_definition(self, trial: optuna.trial.BaseTrial) -> None:
+        """Store the definition in the study once, so samplers and tools can rebuild it."""
+        study = getattr(trial, "study", None)
+        if study is None:
+            return
+        storage, study_id = study._storage, study._study_id
+        key = (id(storage), study_id)
+        if key in self._recorded_studies:
+            return
+        stored = storage.get_study_system_attrs(study_id).get(_keys.SEARCH_SPACE)
+        mine = self.to_json()
+        if stored is None:
+            storage.set_study_system_attr(study_id, _keys.SEARCH_SPACE, mine)
+        elif stored != mine:
+            raise ValueError(
+                "This study already records a different HierarchicalSearchSpace; use one space "
+                "per study (create a new study for a new space)."
+            )
+        self._recorded_studies.add(key)
+
+    @classmethod
+    def from_study(cls, study: optuna.Study) -> HierarchicalSearchSpace | None:
+        """The space recorded in ``study`` by ``suggest``, or ``None``."""
+        text = study._storage.get_study_system_attrs(study._study_id).get(_keys.SEARCH_SPACE)
+        return None if text is None else cls.from_json(text)
+
+    # ------------------------------------------------------------------ presets
+    @classmethod
+    def preset(cls, name: str, **overrides: Any) -> HierarchicalSearchSpace:
+        """A named space: ``digits-small``, ``cifar-like`` or ``sequence``.
+
+        Keyword ``overrides`` replace the preset's arguments (e.g. ``max_ranks=4``).
+        """
+        from optuna_hpcnas.search_space._presets import PRESETS
+
+        if name not in PRESETS:
+            raise ValueError(f"Unknown preset {name!r}; available: {sorted(PRESETS)}.")
+        return cls(**{**PRESETS[name], **overrides})
+
+
+def log10_cardinality(space: HierarchicalSearchSpace) -> float:
+    """``log10`` of the number of architectures (for reporting large spaces)."""
+    return math.log10(space.cardinality())
