@@ -11,3 +11,8 @@ SEARCH_SPACE = "hpcnas:search_space:definition"
 
 # Constraint names (through ``trial.set_constraint``; Optuna prefixes them itself).
 CLUSTER_RANKS_CONSTRAINT = "hpcnas.cluster_ranks"
+
+# Checkpoints (issue 7). Study system attributes: one manifest per checkpoint, written last.
+CHECKPOINT_MANIFEST_PREFIX = "hpcnas:checkpoints:manifest:"
+# Trial system attributes set when a signal (SIGTERM/SIGUSR1) stopped the trial for a retry.
+CHECKPOINT_PREEMPTED = "hpcnas:checkpoints:preempted"
