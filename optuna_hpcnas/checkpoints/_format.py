@@ -64,7 +64,11 @@ def storage_dtype(dtype: str) -> np.dtype:
 
 def checksum(data: bytes | memoryview | np.ndarray) -> str:
     """BLAKE2b-128 hex digest (fast, and collisions are not a concern against bit rot)."""
-    return hashlib.blake2b(memoryview(data).cast("B"), digest_size=16).hexdigest()
+    if isinstance(data, np.ndarray):
+        view = np.ascontiguousarray(data).reshape(-1).view(np.uint8).data
+    else:
+        view = memoryview(data).cast("B")
+    return hashlib.blake2b(view, digest_size=16).hexdigest()
 
 
 def shuffle(flat: np.ndarray) -> bytes:

@@ -410,7 +410,7 @@ class CheckpointManager:
 
     # ------------------------------------------------------------------ list / load
 
-    def list(self) -> list[CheckpointInfo]:
+    def list_checkpoints(self) -> list[CheckpointInfo]:
         """Manifests of this namespace, oldest first (by step, then creation time)."""
         attrs = self._study._storage.get_study_system_attrs(self._study._study_id)
         infos = []
@@ -426,7 +426,7 @@ class CheckpointManager:
 
     def load(self, checkpoint_id: str) -> Checkpoint:
         """Load one checkpoint; raises :class:`CheckpointError` if it or its chain is broken."""
-        manifests = {i.checkpoint_id: i for i in self.list()}
+        manifests = {i.checkpoint_id: i for i in self.list_checkpoints()}
         return self._load(checkpoint_id, manifests)
 
     def load_latest(self) -> Checkpoint | None:
@@ -435,7 +435,7 @@ class CheckpointManager:
         Broken checkpoints are skipped with an :class:`InvalidCheckpointWarning` naming them.
         The loaded state becomes the parent of the next incremental save.
         """
-        infos = self.list()
+        infos = self.list_checkpoints()
         manifests = {i.checkpoint_id: i for i in infos}
         for info in reversed(infos):
             try:
@@ -584,7 +584,7 @@ class CheckpointManager:
         """
         from optuna.artifacts.exceptions import ArtifactNotFound
 
-        infos = self.list()
+        infos = self.list_checkpoints()
         by_id = {i.checkpoint_id: i for i in infos}
 
         def root(info: CheckpointInfo) -> str:

@@ -193,7 +193,7 @@ class RDBArtifactStore:
             self._engine.dispose()
 
     def write(self, artifact_id: str, content_body: BinaryIO) -> None:
-        """Store ``content_body`` under ``artifact_id`` in one transaction, replacing any old one."""
+        """Store ``content_body`` under ``artifact_id`` in one transaction (replacing)."""
         import sqlalchemy
 
         digest = hashlib.sha256()
@@ -243,7 +243,7 @@ class RDBArtifactStore:
             ).first()
         if header is None:
             raise ArtifactNotFound(f"Artifact {artifact_id!r} not found.")
-        return io.BufferedReader(_ChunkReader(self, artifact_id, header))  # type: ignore[return-value]
+        return io.BufferedReader(_ChunkReader(self, artifact_id, header))
 
     def _fetch_chunk(self, artifact_id: str, idx: int) -> bytes:
         import sqlalchemy
