@@ -16,3 +16,5 @@ CLUSTER_RANKS_CONSTRAINT = "hpcnas.cluster_ranks"
 CHECKPOINT_MANIFEST_PREFIX = "hpcnas:checkpoints:manifest:"
 # Trial system attributes set when a signal (SIGTERM/SIGUSR1) stopped the trial for a retry.
 CHECKPOINT_PREEMPTED = "hpcnas:checkpoints:preempted"
+# Study system attribute per generation of P finished trials: top-k trial numbers and the rest.
+CHECKPOINT_GENERATION_PREFIX = "hpcnas:checkpoints:generation:"

@@ -577,13 +577,37 @@ class CheckpointManager:
 
     # ------------------------------------------------------------------ retention
 
+    def remove_all(self) -> list[str]:
+        """Remove every checkpoint of this namespace (newest first); returns their ids."""
+        infos = self.list_checkpoints()
+        self._remove(infos)
+        self._parent = None
+        self._parent_state = {}
+        return [i.checkpoint_id for i in infos]
+
+    def _remove(self, infos: list[CheckpointInfo]) -> None:
+        from optuna.artifacts.exceptions import ArtifactNotFound
+
+        storage = self._study._storage
+        study_id = self._study._study_id
+        # Newest first, so a crash half-way never leaves a child without its parent.
+        for info in sorted(infos, key=lambda i: (i.step, i.created_at), reverse=True):
+            storage.set_study_system_attr(
+                study_id, self._prefix + info.checkpoint_id, json.dumps(None)
+            )
+            storage.set_study_system_attr(
+                study_id, _OPTUNA_ARTIFACTS_PREFIX + info.artifact_id, json.dumps(None)
+            )
+            try:
+                self._store.remove(info.artifact_id)
+            except ArtifactNotFound:
+                pass
+
     def prune(self) -> list[str]:
         """Remove chains older than the newest ``keep_chains``; returns removed checkpoint ids.
 
         A chain is a full checkpoint and every checkpoint that descends from it.
         """
-        from optuna.artifacts.exceptions import ArtifactNotFound
-
         infos = self.list_checkpoints()
         by_id = {i.checkpoint_id: i for i in infos}
 
@@ -602,22 +626,9 @@ class CheckpointManager:
         if self._parent is not None and root(self._parent) in doomed:
             doomed.remove(root(self._parent))
         removed: list[str] = []
-        storage = self._study._storage
-        study_id = self._study._study_id
         for r in doomed:
-            # Newest first, so a crash half-way never leaves a child without its parent.
-            for info in sorted(roots[r], key=lambda i: (i.step, i.created_at), reverse=True):
-                storage.set_study_system_attr(
-                    study_id, self._prefix + info.checkpoint_id, json.dumps(None)
-                )
-                storage.set_study_system_attr(
-                    study_id, _OPTUNA_ARTIFACTS_PREFIX + info.artifact_id, json.dumps(None)
-                )
-                try:
-                    self._store.remove(info.artifact_id)
-                except ArtifactNotFound:
-                    pass
-                removed.append(info.checkpoint_id)
+            self._remove(roots[r])
+            removed.extend(i.checkpoint_id for i in roots[r])
         if removed:
             _logger.debug("Retention removed %d checkpoints of %s.", len(removed), self._namespace)
         return removed
