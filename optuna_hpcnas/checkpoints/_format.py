@@ -52,6 +52,20 @@ class CheckpointChecksumError(CheckpointFormatError):
     """A record's payload or decoded value does not match its checksum."""
 
 
+def _pyarrow() -> Any:
+    """pyarrow, refusing versions that deserialise pickled extension types (CVE-2023-47248)."""
+    try:
+        import pyarrow as pa
+    except ImportError as e:
+        raise ImportError(
+            "Checkpoints need pyarrow: pip install 'optuna-hpcnas[arrow]'."
+        ) from e
+    version = tuple(int(p) for p in pa.__version__.split(".")[:3] if p.isdigit())
+    if version < (14, 0, 1):
+        raise ImportError(f"pyarrow {pa.__version__} is unsafe; checkpoints need >= 14.0.1.")
+    return pa
+
+
 def storage_dtype(dtype: str) -> np.dtype:
     """The little-endian numpy dtype that holds the bits of a recorded ``dtype``."""
     kind = dtype.split(":", 1)[-1]
@@ -117,7 +131,7 @@ class Record:
 
 
 def _schema() -> Any:
-    import pyarrow as pa
+    pa = _pyarrow()
 
     return pa.schema(
         [
@@ -140,7 +154,7 @@ def write_records(
     records: list[Record], *, checkpoint_id: str, parent_id: str | None, zstd_level: int
 ) -> bytes:
     """Serialise records as an Arrow IPC file, one zstd-compressed batch per record."""
-    import pyarrow as pa
+    pa = _pyarrow()
 
     schema = _schema().with_metadata(
         {
@@ -193,7 +207,7 @@ def read_records(
     blob: bytes, *, expected_id: str | None = None
 ) -> tuple[dict[str, str], list[Record]]:
     """Parse and verify a checkpoint blob; refuses anything that is not exactly our format."""
-    import pyarrow as pa
+    pa = _pyarrow()
 
     if len(blob) < 2 * len(_MAGIC) or not (blob.startswith(_MAGIC) and blob.endswith(_MAGIC)):
         raise CheckpointFormatError(

@@ -168,8 +168,9 @@ def _as_entry(name: str, value: Any) -> _Entry:
         sdt = storage_dtype(dtype)
     except CheckpointFormatError as e:
         raise TypeError(f"State value {name!r}: {e}") from None
-    arr = np.ascontiguousarray(arr).astype(sdt, copy=False)
-    return _Entry(dtype=dtype, shape=tuple(int(s) for s in arr.shape), flat=arr.reshape(-1))
+    shape = tuple(int(s) for s in arr.shape)
+    flat = np.ascontiguousarray(arr.reshape(-1)).astype(sdt, copy=False)
+    return _Entry(dtype=dtype, shape=shape, flat=flat)
 
 
 class CheckpointManager:
@@ -329,7 +330,7 @@ class CheckpointManager:
             kind="full" if full else "incremental",
             parent_id=parent_id,
             depth=0 if full or parent is None else parent.depth + 1,
-            artifact_id=f"hpcnas-ckpt-{checkpoint_id}",
+            artifact_id=str(uuid.uuid4()),
             size=len(blob),
             sha256=hashlib.sha256(blob).hexdigest(),
             n_records=len(records),
