@@ -23,8 +23,9 @@ class CheckpointConfig:
         every_p_trials: Every ``P`` finished trials, store the full state of the ``top_k``
             best architectures and metadata for all others.
         top_k: How many architectures keep their full state (3 in the source articles).
-        keep_chains: Retention: how many complete chains (a full checkpoint and its
-            increments) of each namespace are kept; older ones are removed.
+        keep_chains: Retention: how many chains (a full checkpoint and its increments) of
+            each namespace are kept, the one being written included; older ones are removed
+            when a new full checkpoint is written.
         zstd_level: zstd level used by Arrow's IPC compression (1 is fast, 19 is small).
         shard_bytes: Tensors larger than this are split into several records.
         chunk_bytes: Row size used by :class:`RDBArtifactStore` for large blobs.

@@ -57,9 +57,7 @@ def _pyarrow() -> Any:
     try:
         import pyarrow as pa
     except ImportError as e:
-        raise ImportError(
-            "Checkpoints need pyarrow: pip install 'optuna-hpcnas[arrow]'."
-        ) from e
+        raise ImportError("Checkpoints need pyarrow: pip install 'optuna-hpcnas[arrow]'.") from e
     version = tuple(int(p) for p in pa.__version__.split(".")[:3] if p.isdigit())
     if version < (14, 0, 1):
         raise ImportError(f"pyarrow {pa.__version__} is unsafe; checkpoints need >= 14.0.1.")

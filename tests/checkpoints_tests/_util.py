@@ -6,7 +6,6 @@ import subprocess
 import sys
 import time
 
-
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -19,7 +19,6 @@ from typing import BinaryIO
 
 import numpy as np
 
-
 OPS = ("linear", "residual", "gated")
 N_LAYERS = 3
 WIDTH = 32
@@ -74,8 +73,8 @@ def build_supernet() -> Any:
 
 
 def digits() -> tuple[Any, Any, Any, Any]:
-    import torch
     from sklearn.datasets import load_digits
+    import torch
 
     x, y = load_digits(return_X_y=True)
     x = torch.tensor(x / 16.0, dtype=torch.float32)
@@ -209,7 +208,6 @@ def write_then_freeze(args: argparse.Namespace) -> None:
     """Save one checkpoint, then freeze in the middle of writing the second one's blob."""
     import optuna
 
-    from optuna_hpcnas.checkpoints import CheckpointConfig
     from optuna_hpcnas.checkpoints import CheckpointManager
     from optuna_hpcnas.checkpoints import RDBArtifactStore
 
@@ -286,9 +284,11 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--deadline", type=float, default=25.0)
     parser.add_argument("--worker", type=int, default=0)
     args = parser.parse_args(argv)
-    {"search": search, "write_then_freeze": write_then_freeze, "concurrent_writer": concurrent_writer}[
-        args.mode
-    ](args)
+    {
+        "search": search,
+        "write_then_freeze": write_then_freeze,
+        "concurrent_writer": concurrent_writer,
+    }[args.mode](args)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,7 @@
 from __future__ import annotations
 
-import tomllib
-
 import pytest
+import tomllib
 
 from optuna_hpcnas.checkpoints import CheckpointConfig
 

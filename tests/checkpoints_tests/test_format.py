@@ -25,8 +25,10 @@ from optuna_hpcnas.checkpoints._format import read_records
 def _manager(url: str, **config: int) -> tuple[optuna.Study, RDBArtifactStore, CheckpointManager]:
     study = optuna.create_study(storage=url)
     store = RDBArtifactStore(url)
-    return study, store, CheckpointManager(
-        study=study, artifact_store=store, config=CheckpointConfig(**config)
+    return (
+        study,
+        store,
+        CheckpointManager(study=study, artifact_store=store, config=CheckpointConfig(**config)),
     )
 
 
@@ -67,7 +69,9 @@ def test_every_dtype_round_trips_bit_exactly(sqlite_url: str) -> None:
             expected = np.asarray(value)
             assert out[name].shape == expected.shape
             assert out[name].dtype == expected.dtype.newbyteorder("=")
-            assert out[name].tobytes() == expected.astype(expected.dtype.newbyteorder("<")).tobytes()
+            assert (
+                out[name].tobytes() == expected.astype(expected.dtype.newbyteorder("<")).tobytes()
+            )
 
 
 def test_object_dtype_and_other_values_are_rejected(sqlite_url: str) -> None:
@@ -101,7 +105,7 @@ def _extension_blob(registered: bool) -> bytes:
             return b""
 
         @classmethod
-        def __arrow_ext_deserialize__(cls, storage_type: pa.DataType, serialized: bytes) -> "Evil":
+        def __arrow_ext_deserialize__(cls, storage_type: pa.DataType, serialized: bytes) -> Evil:
             return Evil()
 
     schema = _schema()

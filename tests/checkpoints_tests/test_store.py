@@ -171,7 +171,7 @@ def test_threads_share_one_store(sqlite_url: str) -> None:
                 store.write(f"{i}-{j}", io.BytesIO(bytes([i]) * 3000))
                 with store.open_reader(f"{i}-{j}") as f:
                     assert f.read() == bytes([i]) * 3000
-        except BaseException as e:  # noqa: BLE001
+        except BaseException as e:
             errors.append(e)
 
     threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
