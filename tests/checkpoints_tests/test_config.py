@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import tomllib
 
@@ -20,7 +22,7 @@ def test_from_toml_table() -> None:
     config = CheckpointConfig(**table)
     assert config.every_n_steps == 50 and config.full_every == 5 and config.grace_period == 90
     assert CheckpointConfig.from_toml(table) == config
-    with pytest.raises(Exception):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         config.top_k = 4  # type: ignore[misc]
 
 
