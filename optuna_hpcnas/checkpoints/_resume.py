@@ -22,6 +22,7 @@ import threading
 from types import FrameType
 from typing import Any
 from typing import TYPE_CHECKING
+import warnings
 
 from optuna_hpcnas import _keys
 from optuna_hpcnas.checkpoints._config import CheckpointConfig
@@ -52,6 +53,7 @@ def heartbeat_storage(
             study = optuna.load_study(study_name="nas", storage=storage)
     """
     import optuna
+    from optuna.exceptions import ExperimentalWarning
     from optuna.storages import RetryHeartbeatStaleTrialCallback
 
     if not isinstance(url, str):
@@ -61,15 +63,18 @@ def heartbeat_storage(
     if url.startswith("sqlite"):
         # Checkpoint blobs share the file; let writers queue instead of failing at once.
         kwargs.setdefault("connect_args", {"timeout": 60})
-    return optuna.storages.RDBStorage(
-        url,
-        engine_kwargs=kwargs,
-        heartbeat_interval=config.heartbeat_interval,
-        grace_period=config.grace_period,
-        heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(
-            max_retry=config.max_retry
-        ),
-    )
+    with warnings.catch_warnings():
+        # Heartbeats are marked experimental since Optuna 2.9; this is the supported use.
+        warnings.simplefilter("ignore", ExperimentalWarning)
+        return optuna.storages.RDBStorage(
+            url,
+            engine_kwargs=kwargs,
+            heartbeat_interval=config.heartbeat_interval,
+            grace_period=config.grace_period,
+            heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(
+                max_retry=config.max_retry
+            ),
+        )
 
 
 def mark_trial_for_retry(
@@ -86,6 +91,7 @@ def mark_trial_for_retry(
     failed the trial (``False`` if it had already finished).
     """
     import optuna
+    from optuna.exceptions import ExperimentalWarning
     from optuna.storages import RetryHeartbeatStaleTrialCallback
 
     storage = study._storage
@@ -99,9 +105,11 @@ def mark_trial_for_retry(
     getter = getattr(storage, "get_heartbeat_stale_trial_callback", None)
     if getter is not None:
         callback = getter()
-    if callback is None:
-        callback = RetryHeartbeatStaleTrialCallback(max_retry=max_retry)
-    callback(study, storage.get_trial(trial_id))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ExperimentalWarning)
+        if callback is None:
+            callback = RetryHeartbeatStaleTrialCallback(max_retry=max_retry)
+        callback(study, storage.get_trial(trial_id))
     _logger.warning("Trial %d stopped (%s) and queued for retry.", trial_id, reason)
     return True
 

@@ -73,10 +73,16 @@ def build_supernet() -> Any:
 
 
 def digits() -> tuple[Any, Any, Any, Any]:
-    from sklearn.datasets import load_digits
+    """sklearn's digits, read from the file it ships (importing sklearn costs seconds)."""
+    import importlib.util
+
     import torch
 
-    x, y = load_digits(return_X_y=True)
+    spec = importlib.util.find_spec("sklearn")
+    assert spec is not None and spec.submodule_search_locations
+    path = Path(list(spec.submodule_search_locations)[0]) / "datasets" / "data" / "digits.csv.gz"
+    data = np.loadtxt(path, delimiter=",")
+    x, y = data[:, :-1], data[:, -1]
     x = torch.tensor(x / 16.0, dtype=torch.float32)
     y = torch.tensor(y, dtype=torch.long)
     return x[:1400], y[:1400], x[1400:], y[1400:]
@@ -114,7 +120,8 @@ def search(args: argparse.Namespace) -> None:
     )
     store = RDBArtifactStore(storage)
     model = build_supernet()
-    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    # Plain SGD with momentum by hand: torch.optim's first step imports torch._dynamo (seconds).
+    momentum = {k: torch.zeros_like(v) for k, v in model.named_parameters()}
     xtr, ytr, xva, yva = digits()
     gen = torch.Generator().manual_seed(1)
     step = 0
@@ -130,14 +137,19 @@ def search(args: argparse.Namespace) -> None:
     )
 
     def state(reason: str) -> tuple[dict[str, Any], dict[str, Any]]:
-        return training_state(
-            model, opt, generators={"data": gen}, extra={"step": step, "reason": reason}
+        tensors, meta = training_state(
+            model, generators={"data": gen}, extra={"step": step, "reason": reason}
         )
+        tensors.update({f"momentum.{k}": v for k, v in momentum.items()})
+        return tensors, meta
 
     latest = policy.supernet.load_latest()
     resumed_from = None
     if latest is not None:
-        meta = restore_training_state(latest, model, opt, generators={"data": gen})
+        meta = restore_training_state(latest, model, generators={"data": gen})
+        saved = latest.state()
+        for k, v in momentum.items():
+            v.copy_(saved[f"momentum.{k}"])
         step = int(meta["step"])
         resumed_from = latest.info.checkpoint_id
     with open(args.log, "a") as f:
@@ -156,9 +168,13 @@ def search(args: argparse.Namespace) -> None:
                 for i in range(args.steps):
                     idx = torch.randint(0, len(xtr), (64,), generator=gen)
                     loss = torch.nn.functional.cross_entropy(model(xtr[idx], path), ytr[idx])
-                    opt.zero_grad()
+                    model.zero_grad(set_to_none=True)
                     loss.backward()
-                    opt.step()
+                    with torch.no_grad():
+                        for k, p in model.named_parameters():
+                            if p.grad is not None:  # only the sampled path has gradients
+                                momentum[k].mul_(0.9).add_(p.grad)
+                                p.sub_(0.05 * momentum[k])
                     step += 1
                     policy.on_step(step, lambda: state("periodic"))
                     if trial.number == args.stop_at and i == args.steps // 2:
