@@ -200,6 +200,29 @@ def search(args: argparse.Namespace) -> None:
         )
 
 
+def stuck(args: argparse.Namespace) -> None:
+    """A worker whose trial never reaches a step boundary (no torch: starts fast)."""
+    import optuna
+
+    from optuna_hpcnas.checkpoints import CheckpointConfig
+    from optuna_hpcnas.checkpoints import heartbeat_storage
+    from optuna_hpcnas.checkpoints import PreemptionGuard
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    config = CheckpointConfig(heartbeat_interval=1, grace_period=2, exit_deadline=args.deadline)
+    study = optuna.create_study(study_name="faults", storage=heartbeat_storage(args.url, config))
+    with PreemptionGuard.from_config(config) as guard:
+
+        def objective(trial: optuna.Trial) -> float:
+            trial.suggest_int("x", 0, 100)
+            with guard.watch(trial):
+                _touch(args.marker, "{}")
+                time.sleep(600)
+            return 0.0
+
+        study.optimize(objective, n_trials=1)
+
+
 class _FreezingReader(io.RawIOBase):
     """Hands the store its bytes, then freezes once ``freeze_after`` bytes were read."""
 
@@ -289,7 +312,9 @@ def concurrent_writer(args: argparse.Namespace) -> None:
 
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("mode", choices=["search", "write_then_freeze", "concurrent_writer"])
+    parser.add_argument(
+        "mode", choices=["search", "stuck", "write_then_freeze", "concurrent_writer"]
+    )
     parser.add_argument("--url", required=True)
     parser.add_argument("--marker", default="")
     parser.add_argument("--log", default=os.devnull)
@@ -302,6 +327,7 @@ def main(argv: list[str]) -> None:
     args = parser.parse_args(argv)
     {
         "search": search,
+        "stuck": stuck,
         "write_then_freeze": write_then_freeze,
         "concurrent_writer": concurrent_writer,
     }[args.mode](args)

@@ -118,10 +118,7 @@ def test_sigusr1_checkpoints_retries_and_exits(sqlite_url: str, tmp_path: Path) 
 @pytest.mark.slow
 def test_sigterm_watchdog_exits_when_the_loop_is_stuck(sqlite_url: str, tmp_path: Path) -> None:
     marker = tmp_path / "in_trial"
-    proc = spawn(
-        "search", "--url", sqlite_url, "--marker", str(marker), "--n-trials", str(N_TRIALS),
-        "--stop-at", "0", "--block", "--deadline", "1.5",
-    )  # fmt: skip
+    proc = spawn("stuck", "--url", sqlite_url, "--marker", str(marker), "--deadline", "1.5")
     wait_for(marker, proc)
     proc.send_signal(signal.SIGTERM)
     rc, out = finish(proc, timeout=30)
@@ -130,6 +127,7 @@ def test_sigterm_watchdog_exits_when_the_loop_is_stuck(sqlite_url: str, tmp_path
     assert study.trials[0].state == TrialState.FAIL
     assert study.trials[0].system_attrs[_keys.CHECKPOINT_PREEMPTED] == "SIGTERM"
     assert [t.system_attrs.get("failed_trial") for t in study.trials[1:]] == [0]
+    assert study.trials[1].state == TrialState.WAITING
 
 
 def test_guard_restores_handlers_and_validates() -> None:
