@@ -19,10 +19,6 @@ from typing import BinaryIO
 
 import numpy as np
 
-OPS = ("linear", "residual", "gated")
-N_LAYERS = 3
-WIDTH = 32
-
 
 def _touch(path: str, text: str = "") -> None:
     tmp = path + ".tmp"
@@ -30,50 +26,9 @@ def _touch(path: str, text: str = "") -> None:
     os.replace(tmp, path)
 
 
-def build_supernet() -> Any:
-    """Three choice layers of three candidate ops each: training one path touches 1/3."""
-    import torch
-
-    torch.manual_seed(0)
-
-    class Choice(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.ops = torch.nn.ModuleDict(
-                {
-                    "linear": torch.nn.Linear(WIDTH, WIDTH),
-                    "residual": torch.nn.Linear(WIDTH, WIDTH),
-                    "gated": torch.nn.Linear(WIDTH, 2 * WIDTH),
-                }
-            )
-
-        def forward(self, x: Any, op: str) -> Any:
-            y = self.ops[op](x)
-            if op == "linear":
-                return torch.relu(y)
-            if op == "residual":
-                return x + torch.relu(y)
-            a, b = y.chunk(2, dim=-1)
-            return a * torch.sigmoid(b)
-
-    class SuperNet(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.stem = torch.nn.Linear(64, WIDTH)
-            self.layers = torch.nn.ModuleList(Choice() for _ in range(N_LAYERS))
-            self.head = torch.nn.Linear(WIDTH, 10)
-
-        def forward(self, x: Any, path: list[str]) -> Any:
-            h = torch.relu(self.stem(x))
-            for layer, op in zip(self.layers, path):
-                h = layer(h, op)
-            return self.head(h)
-
-    return SuperNet()
-
-
 def digits() -> tuple[Any, Any, Any, Any]:
-    """sklearn's digits, read from the file it ships (importing sklearn costs seconds)."""
+    """sklearn's digits as (N, 1, 8, 8), read from the file sklearn ships (importing sklearn
+    costs seconds per worker on a loaded machine)."""
     import importlib.util
 
     import torch
@@ -81,10 +36,9 @@ def digits() -> tuple[Any, Any, Any, Any]:
     spec = importlib.util.find_spec("sklearn")
     assert spec is not None and spec.submodule_search_locations
     path = Path(list(spec.submodule_search_locations)[0]) / "datasets" / "data" / "digits.csv.gz"
-    data = np.loadtxt(path, delimiter=",")
-    x, y = data[:, :-1], data[:, -1]
-    x = torch.tensor(x / 16.0, dtype=torch.float32)
-    y = torch.tensor(y, dtype=torch.long)
+    data = np.loadtxt(path, delimiter=",", dtype=np.float32)
+    x = torch.from_numpy((data[:, :-1] - 4.88) / 6.0).reshape(-1, 1, 8, 8)
+    y = torch.from_numpy(data[:, -1].astype(np.int64))
     return x[:1400], y[:1400], x[1400:], y[1400:]
 
 
@@ -93,6 +47,7 @@ def search(args: argparse.Namespace) -> None:
     import optuna
     import torch
 
+    from optuna_hpcnas import HierarchicalSearchSpace
     from optuna_hpcnas.checkpoints import CheckpointConfig
     from optuna_hpcnas.checkpoints import CheckpointPolicy
     from optuna_hpcnas.checkpoints import heartbeat_storage
@@ -119,7 +74,10 @@ def search(args: argparse.Namespace) -> None:
         sampler=optuna.samplers.RandomSampler(seed=os.getpid()),
     )
     store = RDBArtifactStore(storage)
-    model = build_supernet()
+    from optuna_hpcnas.supernet import SuperNet
+
+    space = HierarchicalSearchSpace.preset("digits-small")
+    model = SuperNet(space, input_shape=(1, 8, 8), num_classes=10, seed=0)
     # Plain SGD with momentum by hand: torch.optim's first step imports torch._dynamo (seconds).
     momentum = {k: torch.zeros_like(v) for k, v in model.named_parameters()}
     xtr, ytr, xva, yva = digits()
@@ -127,10 +85,7 @@ def search(args: argparse.Namespace) -> None:
     step = 0
 
     def path_weights(trial: optuna.trial.FrozenTrial) -> dict[str, Any]:
-        keep = ["stem.", "head."] + [
-            f"layers.{i}.ops.{trial.params[f'op{i}']}." for i in range(N_LAYERS)
-        ]
-        return {k: v for k, v in model.state_dict().items() if any(k.startswith(p) for p in keep)}
+        return dict(model.subnet(space.from_params(trial.params)).state_dict())
 
     policy = CheckpointPolicy(
         study=study, artifact_store=store, architecture_state=path_weights, config=config
@@ -163,11 +118,11 @@ def search(args: argparse.Namespace) -> None:
 
         def objective(trial: optuna.Trial) -> float:
             nonlocal step
-            path = [trial.suggest_categorical(f"op{i}", OPS) for i in range(N_LAYERS)]
+            arch = space.suggest(trial)
             with guard.watch(trial):
                 for i in range(args.steps):
                     idx = torch.randint(0, len(xtr), (64,), generator=gen)
-                    loss = torch.nn.functional.cross_entropy(model(xtr[idx], path), ytr[idx])
+                    loss = torch.nn.functional.cross_entropy(model(xtr[idx], arch), ytr[idx])
                     model.zero_grad(set_to_none=True)
                     loss.backward()
                     with torch.no_grad():
@@ -186,7 +141,7 @@ def search(args: argparse.Namespace) -> None:
                             guard.check()
                     guard.check()
             with torch.no_grad():
-                return float((model(xva, path).argmax(-1) == yva).float().mean())
+                return float((model(xva, arch).argmax(-1) == yva).float().mean())
 
         study.optimize(
             objective,
