@@ -23,6 +23,7 @@ FORMAT_VERSION = 1
 _MAGIC = b"ARROW1"
 _EXTENSION_KEYS = (b"ARROW:extension:name", b"ARROW:extension:metadata")
 ENCODINGS = ("raw", "xor", "delta", "ref")
+_BATCH_BYTES = 32 * 1024 * 1024
 
 # Plain numeric dtypes only; "bfloat16" is carried as its 16-bit pattern.
 _NUMPY_DTYPES = (
@@ -151,7 +152,11 @@ def _schema() -> Any:
 def write_records(
     records: list[Record], *, checkpoint_id: str, parent_id: str | None, zstd_level: int
 ) -> bytes:
-    """Serialise records as an Arrow IPC file, one zstd-compressed batch per record."""
+    """Serialise records as an Arrow IPC file of zstd-compressed record batches.
+
+    Records are grouped into batches of about ``_BATCH_BYTES`` of payload: one batch per
+    record would cost about a kilobyte of IPC framing each, more than most increments.
+    """
     pa = _pyarrow()
 
     schema = _schema().with_metadata(
@@ -163,21 +168,31 @@ def write_records(
     )
     options = pa.ipc.IpcWriteOptions(compression=pa.Codec("zstd", compression_level=zstd_level))
     sink = pa.BufferOutputStream()
+    groups: list[list[Record]] = [[]]
+    size = 0
+    for r in records:
+        if groups[-1] and size + len(r.payload) > _BATCH_BYTES:
+            groups.append([])
+            size = 0
+        groups[-1].append(r)
+        size += len(r.payload)
     with pa.ipc.new_file(sink, schema, options=options) as writer:
-        for r in records:
+        for group in groups:
+            if not group:
+                continue
             batch = pa.record_batch(
                 [
-                    pa.array([r.name], pa.string()),
-                    pa.array([r.dtype], pa.string()),
-                    pa.array([list(r.shape)], pa.list_(pa.int64())),
-                    pa.array([r.shard], pa.int32()),
-                    pa.array([r.offset], pa.int64()),
-                    pa.array([r.count], pa.int64()),
-                    pa.array([r.encoding], pa.string()),
-                    pa.array([r.parent], pa.string()),
-                    pa.array([r.payload], pa.large_binary()),
-                    pa.array([r.checksum], pa.string()),
-                    pa.array([r.value_checksum], pa.string()),
+                    pa.array([r.name for r in group], pa.string()),
+                    pa.array([r.dtype for r in group], pa.string()),
+                    pa.array([list(r.shape) for r in group], pa.list_(pa.int64())),
+                    pa.array([r.shard for r in group], pa.int32()),
+                    pa.array([r.offset for r in group], pa.int64()),
+                    pa.array([r.count for r in group], pa.int64()),
+                    pa.array([r.encoding for r in group], pa.string()),
+                    pa.array([r.parent for r in group], pa.string()),
+                    pa.array([r.payload for r in group], pa.large_binary()),
+                    pa.array([r.checksum for r in group], pa.string()),
+                    pa.array([r.value_checksum for r in group], pa.string()),
                 ],
                 schema=schema,
             )
