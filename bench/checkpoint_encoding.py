@@ -44,6 +44,88 @@ def _clone(obj: Any) -> Any:
     return obj
 
 
+def _best(fn: Any, repeat: int) -> float:
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+def _measure_torch_save(
+    d: int, tstate: dict[str, Any], fs: FileSystemArtifactStore, repeat: int
+) -> list[list[Any]]:
+    buf = io.BytesIO()
+    torch.save(tstate, buf)
+    size = buf.tell()
+    blob = buf.getvalue()
+
+    def write_fs() -> None:
+        b = io.BytesIO()
+        torch.save(tstate, b)
+        b.seek(0)
+        fs.write(f"ts-{d}", b)
+
+    def read_fs() -> None:
+        with fs.open_reader(f"ts-{d}") as f:
+            torch.load(io.BytesIO(f.read()), weights_only=True)
+
+    write_fs()
+    return [
+        [
+            "torch.save (memory)",
+            d,
+            size,
+            size,
+            _best(lambda: torch.save(tstate, io.BytesIO()), repeat),
+            _best(lambda: torch.load(io.BytesIO(blob), weights_only=True), repeat),
+        ],
+        [
+            "torch.save -> FileSystemArtifactStore",
+            d,
+            size,
+            size,
+            _best(write_fs, repeat),
+            _best(read_fs, repeat),
+        ],
+    ]
+
+
+def _measure_ours(
+    study: optuna.Study,
+    store: Any,
+    prefix: str,
+    parent: tuple[dict[str, Any], dict[str, Any], Any],
+    child: tuple[dict[str, Any], dict[str, Any]],
+    d: int,
+    repeat: int,
+) -> tuple[int, float, float]:
+    """Bytes and best write time of the increment ``d`` steps after a full parent, and best
+    read time of the chain (parent + increment) by a fresh manager."""
+    writes, size, namespace = [], 0, ""
+    for i in range(repeat):
+        namespace = f"{prefix}-{i}"
+        m = CheckpointManager(
+            study=study,
+            artifact_store=store,
+            namespace=namespace,
+            config=CheckpointConfig(full_every=100, keep_chains=100),
+        )
+        m.save(parent[0], step=0, metadata=parent[1])
+        t0 = time.perf_counter()
+        info = m.save(child[0], step=d, metadata=child[1])
+        writes.append(time.perf_counter() - t0)
+        size = info.size
+
+    def read() -> None:
+        ckpt = CheckpointManager(study=study, artifact_store=store, namespace=namespace)
+        loaded = ckpt.load_latest()
+        assert loaded is not None and loaded.step == d
+
+    return size, min(writes), _best(read, repeat)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--widths", default="32,64,104", help="SuperNet widths (cifar-like)")
@@ -85,76 +167,16 @@ def main() -> None:
     logical = sum(v.numel() * v.element_size() for v in parent[0].values())
     mb = logical / 1e6
 
-    def best(fn: Any) -> float:
-        times = []
-        for _ in range(args.repeat):
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
-        return min(times)
-
     rows = []
     for d, (tensors, meta, tstate) in captured.items():
-        buf = io.BytesIO()
-        torch.save(tstate, buf)
-        ts_bytes = buf.tell()
-        blob = buf.getvalue()
-
-        def ts_write() -> None:
-            torch.save(tstate, io.BytesIO())
-
-        def ts_read() -> None:
-            torch.load(io.BytesIO(blob), weights_only=True)
-
-        def ts_fs_write() -> None:
-            b = io.BytesIO()
-            torch.save(tstate, b)
-            b.seek(0)
-            fs.write(f"ts-{d}", b)
-
-        ts_fs_write()
-
-        def ts_fs_read() -> None:
-            with fs.open_reader(f"ts-{d}") as f:
-                torch.load(io.BytesIO(f.read()), weights_only=True)
-
-        rows.append(["torch.save (memory)", d, ts_bytes, ts_bytes, best(ts_write), best(ts_read)])
-        rows.append(
-            ["torch.save -> FileSystemArtifactStore", d, ts_bytes, ts_bytes, best(ts_fs_write),
-             best(ts_fs_read)]
-        )  # fmt: skip
+        rows.extend(_measure_torch_save(d, tstate, fs, args.repeat))
         stores = (("ours -> FileSystemArtifactStore", fs), ("ours -> RDB (SQLite)", rdb))
+        ts_bytes = rows[-1][2]
         for si, (label, store) in enumerate(stores):
-            sizes: list[int] = []
-            n = [0]
-
-            def write(store: Any = store) -> None:
-                n[0] += 1
-                m = CheckpointManager(
-                    study=study,
-                    artifact_store=store,
-                    namespace=f"d{d}-s{si}-{n[0]}",
-                    config=CheckpointConfig(full_every=100, keep_chains=100),
-                )
-                m.save(parent[0], step=0, metadata=parent[1])
-                t0 = time.perf_counter()
-                info = m.save(tensors, step=d, metadata=meta)
-                write.elapsed = time.perf_counter() - t0  # type: ignore[attr-defined]
-                sizes.append(info.size)
-                write.ns = m.namespace  # type: ignore[attr-defined]
-
-            times = []
-            for _ in range(args.repeat):
-                write()
-                times.append(write.elapsed)  # type: ignore[attr-defined]
-
-            def read(store: Any = store) -> None:
-                ckpt = CheckpointManager(
-                    study=study, artifact_store=store, namespace=write.ns  # type: ignore[attr-defined]
-                ).load_latest()
-                assert ckpt is not None and ckpt.step == d
-
-            rows.append([label, d, sizes[-1], ts_bytes, min(times), best(read)])
+            size, w, r = _measure_ours(
+                study, store, f"d{d}-s{si}", parent, (tensors, meta), d, args.repeat
+            )
+            rows.append([label, d, size, ts_bytes, w, r])
 
     # Full checkpoint for reference.
     full_mgr = CheckpointManager(study=study, artifact_store=rdb, namespace="full")
@@ -168,7 +190,10 @@ def main() -> None:
         ckpt = CheckpointManager(study=study, artifact_store=rdb, namespace="chain").load_latest()
         assert ckpt is not None and ckpt.info.depth == 9
 
-    chain_s = best(chain_read)
+    chain_s = _best(chain_read, args.repeat)
+    cpu0 = time.process_time()
+    chain_read()
+    chain_cpu = time.process_time() - cpu0
 
     print(
         f"SuperNet cifar-like widths {widths} on digits: {n_params(trainer.net):,} parameters, "
@@ -186,7 +211,14 @@ def main() -> None:
     ]
     for label, d, size, ts_bytes, w, r in rows:
         out.append(
-            [label, d, f"{size / 1e6:.2f}", f"{size / ts_bytes:.3f}", f"{mb / w:.0f}", f"{mb / r:.0f}"]
+            [
+                label,
+                d,
+                f"{size / 1e6:.2f}",
+                f"{size / ts_bytes:.3f}",
+                f"{mb / w:.0f}",
+                f"{mb / r:.0f}",
+            ]
         )
     print(
         table(
@@ -194,7 +226,10 @@ def main() -> None:
             ["method", "steps after parent", "MB", "vs torch.save", "write MB/s", "read MB/s"],
         )
     )
-    print(f"newest checkpoint at the end of a 10-link chain (RDB, SQLite): read in {chain_s:.2f} s")
+    print(
+        f"newest checkpoint at the end of a 10-link chain (RDB, SQLite): {chain_s:.2f} s wall, "
+        f"{chain_cpu:.2f} s CPU (load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)"
+    )
 
 
 if __name__ == "__main__":

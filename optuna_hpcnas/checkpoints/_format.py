@@ -14,8 +14,8 @@ exactly ours with no extension types, then every checksum.
 from __future__ import annotations
 
 from dataclasses import dataclass
-import hashlib
 from typing import Any
+import zlib
 
 import numpy as np
 
@@ -76,12 +76,17 @@ def storage_dtype(dtype: str) -> np.dtype:
 
 
 def checksum(data: bytes | memoryview | np.ndarray) -> str:
-    """BLAKE2b-128 hex digest (fast, and collisions are not a concern against bit rot)."""
+    """CRC-32 of the bytes, as ``crc32:<hex>``.
+
+    Records guard against bit rot and bad replays, not forgery (the manifest's SHA-256 of the
+    whole blob does that), so the fastest checksum in the standard library is used: zlib's
+    CRC-32 runs at several GB/s where BLAKE2b manages a few hundred MB/s.
+    """
     if isinstance(data, np.ndarray):
         view = np.ascontiguousarray(data).reshape(-1).view(np.uint8).data
     else:
         view = memoryview(data).cast("B")
-    return hashlib.blake2b(view, digest_size=16).hexdigest()
+    return f"crc32:{zlib.crc32(view):08x}"
 
 
 def shuffle(flat: np.ndarray) -> bytes:
@@ -93,7 +98,7 @@ def shuffle(flat: np.ndarray) -> bytes:
     return raw.reshape(-1, size).T.tobytes()
 
 
-def unshuffle(data: bytes, dtype: np.dtype, count: int) -> np.ndarray:
+def unshuffle(data: bytes | memoryview, dtype: np.dtype, count: int) -> np.ndarray:
     """Inverse of :func:`shuffle`; returns a new writable 1-D array of ``count`` elements."""
     size = dtype.itemsize
     raw = np.frombuffer(data, dtype=np.uint8)
@@ -103,7 +108,12 @@ def unshuffle(data: bytes, dtype: np.dtype, count: int) -> np.ndarray:
         )
     if size == 1:
         return raw.view(dtype).copy()
-    return np.ascontiguousarray(raw.reshape(size, count).T).view(dtype).reshape(count)
+    # One strided copy per byte lane is about 3x faster than numpy's generic transpose here.
+    out = np.empty((count, size), dtype=np.uint8)
+    lanes = raw.reshape(size, count)
+    for j in range(size):
+        out[:, j] = lanes[j]
+    return out.view(dtype).reshape(count)
 
 
 def bits(flat: np.ndarray) -> np.ndarray:
@@ -124,7 +134,7 @@ class Record:
     count: int
     encoding: str
     parent: str | None
-    payload: bytes
+    payload: bytes | memoryview
     checksum: str
     value_checksum: str
 
@@ -239,7 +249,11 @@ def read_records(
         for i in range(reader.num_record_batches):
             batch = reader.get_batch(i)
             _check_schema(batch.schema)
-            for row in batch.to_pylist():
+            payloads = batch.column("payload")
+            rows = batch.drop_columns(["payload"]).to_pylist()
+            for j, row in enumerate(rows):
+                # Zero-copy view of the decompressed payload; no Python bytes copy.
+                row["payload"] = memoryview(payloads[j].as_buffer() or b"")
                 records.append(_record_from_row(row))
     except CheckpointFormatError:
         raise

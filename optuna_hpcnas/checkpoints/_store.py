@@ -90,6 +90,18 @@ class _ChunkReader(io.RawIOBase):
         self._pos += n
         return n
 
+    def readall(self) -> bytes:
+        parts = [self._buffer[self._pos :]]
+        while self._next_idx < self._n_chunks:
+            chunk = self._store._fetch_chunk(self._artifact_id, self._next_idx)
+            self._next_idx += 1
+            self._read += len(chunk)
+            self._hash.update(chunk)
+            parts.append(chunk)
+        self._buffer, self._pos = b"", 0
+        self._verify()
+        return b"".join(parts)
+
     def _verify(self) -> None:
         if self._verified:
             return
@@ -243,7 +255,7 @@ class RDBArtifactStore:
             ).first()
         if header is None:
             raise ArtifactNotFound(f"Artifact {artifact_id!r} not found.")
-        return io.BufferedReader(_ChunkReader(self, artifact_id, header))
+        return io.BufferedReader(_ChunkReader(self, artifact_id, header), buffer_size=1 << 20)
 
     def _fetch_chunk(self, artifact_id: str, idx: int) -> bytes:
         import sqlalchemy
@@ -272,6 +284,18 @@ class RDBArtifactStore:
             )
         if not deleted:
             raise ArtifactNotFound(f"Artifact {artifact_id!r} not found.")
+
+    def sha256(self, artifact_id: str) -> str | None:
+        """SHA-256 recorded when the blob was written (readers verify against it), or None."""
+        import sqlalchemy
+
+        with self._engine.connect() as conn:
+            row = conn.execute(
+                sqlalchemy.select(self._header.c.sha256).where(
+                    self._header.c.artifact_id == artifact_id
+                )
+            ).first()
+        return None if row is None else str(row[0])
 
     def exists(self, artifact_id: str) -> bool:
         """Whether a complete blob is stored under ``artifact_id``."""
