@@ -21,6 +21,15 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
         yield request.getfixturevalue("postgres_url")
 
 
+@pytest.fixture(params=["sqlite", "postgres", "mysql"])
+def any_db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """SQLite, PostgreSQL and MySQL/MariaDB (for the store's dialect-specific column types)."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'study.db'}"
+    else:
+        yield request.getfixturevalue(f"{request.param}_url")
+
+
 @pytest.fixture(autouse=True)
 def _quiet_optuna() -> None:
     optuna.logging.set_verbosity(optuna.logging.WARNING)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 from pathlib import Path
 import threading
 
@@ -18,8 +19,8 @@ from optuna_hpcnas.checkpoints import ArtifactCorruptedError
 from optuna_hpcnas.checkpoints import RDBArtifactStore
 
 
-def test_protocol_round_trip_chunked_and_overwrite(db_url: str) -> None:
-    store = RDBArtifactStore(db_url, chunk_bytes=1024)
+def test_protocol_round_trip_chunked_and_overwrite(any_db_url: str) -> None:
+    store = RDBArtifactStore(any_db_url, chunk_bytes=1024)
     data = bytes(range(256)) * 41 + b"tail"  # 10 chunks and a partial one
     store.write("a", io.BytesIO(data))
     with store.engine.connect() as conn:
@@ -44,6 +45,13 @@ def test_protocol_round_trip_chunked_and_overwrite(db_url: str) -> None:
     with pytest.raises(ArtifactNotFound):
         store.remove("a")
     store.dispose()
+    # Default 1 MiB rows fit the server's packet limits (MySQL's max_allowed_packet).
+    big = RDBArtifactStore(any_db_url)
+    data = os.urandom(3 * 1024 * 1024 + 7)
+    big.write("big", io.BytesIO(data))
+    with big.open_reader("big") as f:
+        assert f.read() == data
+    big.dispose()
 
 
 def test_failed_write_leaves_nothing_and_keeps_old_blob(sqlite_url: str) -> None:
@@ -96,8 +104,8 @@ def test_damaged_blob_is_detected(sqlite_url: str, damage: str) -> None:
             f.read()
 
 
-def test_upload_and_download_artifact(db_url: str, tmp_path: Path) -> None:
-    storage = optuna.storages.RDBStorage(db_url)
+def test_upload_and_download_artifact(any_db_url: str, tmp_path: Path) -> None:
+    storage = optuna.storages.RDBStorage(any_db_url)
     store = RDBArtifactStore(storage)  # shares the study's engine
     assert store.engine is storage.engine
     study = optuna.create_study(storage=storage)
