@@ -165,8 +165,10 @@ def test_missing_middle_link_is_detected(sqlite_url: str, missing: str) -> None:
     fresh = CheckpointManager(study=study, artifact_store=store)
     with pytest.raises(CheckpointError, match=middle.checkpoint_id):
         fresh.load(infos[3].checkpoint_id)
-    with pytest.warns(InvalidCheckpointWarning, match=infos[3].checkpoint_id):
+    with pytest.warns(InvalidCheckpointWarning) as record:
         ckpt = fresh.load_latest()
+    skipped = [str(w.message) for w in record]
+    assert infos[3].checkpoint_id in skipped[0] and middle.checkpoint_id in skipped[0]
     assert ckpt is not None and ckpt.step == 0  # the chain's full checkpoint
     _assert_state(ckpt.state(), states[0])
 
