@@ -167,7 +167,9 @@ class RDBArtifactStore:
             self._engine = sqlalchemy.create_engine(storage, **kwargs)
             self._owns_engine = True
         else:
-            engine = getattr(storage, "engine", None)
+            # optuna.storages.get_storage(url) and study._storage wrap the RDBStorage.
+            backend = getattr(storage, "_backend", storage)
+            engine = getattr(backend, "engine", None)
             if not isinstance(engine, sqlalchemy.engine.Engine):
                 raise TypeError(
                     f"`storage` is {storage!r}, but must be a SQLAlchemy URL or an "

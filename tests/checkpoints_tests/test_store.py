@@ -109,6 +109,7 @@ def test_upload_and_download_artifact(any_db_url: str, tmp_path: Path) -> None:
     store = RDBArtifactStore(storage)  # shares the study's engine
     assert store.engine is storage.engine
     study = optuna.create_study(storage=storage)
+    assert RDBArtifactStore(study._storage).engine is storage.engine  # the cached wrapper too
     src = tmp_path / "model.bin"
     src.write_bytes(b"\x00\x01weights" * 5000)
     trial = study.ask()
