@@ -12,7 +12,10 @@ def sqlite_url(tmp_path: Path) -> str:
     return f"sqlite:///{tmp_path / 'study.db'}"
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
+_SERVER = pytest.mark.services
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=_SERVER)])
 def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     """The same test on SQLite and on a real PostgreSQL server."""
     if request.param == "sqlite":
@@ -21,7 +24,13 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
         yield request.getfixturevalue("postgres_url")
 
 
-@pytest.fixture(params=["sqlite", "postgres", "mysql"])
+@pytest.fixture(
+    params=[
+        "sqlite",
+        pytest.param("postgres", marks=_SERVER),
+        pytest.param("mysql", marks=_SERVER),
+    ]
+)
 def any_db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     """SQLite, PostgreSQL and MySQL/MariaDB (for the store's dialect-specific column types)."""
     if request.param == "sqlite":
