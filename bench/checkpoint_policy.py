@@ -41,6 +41,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20, help="SGD steps per trial")
     parser.add_argument("--p", type=int, default=10, help="top-3 states every P trials")
     parser.add_argument("--preset", default="digits-small")
+    parser.add_argument("--zstd-level", type=int, default=CheckpointConfig().zstd_level)
     args = parser.parse_args()
     torch.set_num_threads(1)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -66,7 +67,9 @@ def main() -> None:
             study=study,
             artifact_store=store,
             namespace=f"supernet-{i}",
-            config=CheckpointConfig(every_n_steps=n, full_every=k, keep_chains=2),
+            config=CheckpointConfig(
+                every_n_steps=n, full_every=k, keep_chains=2, zstd_level=args.zstd_level
+            ),
         )
         for i, (label, n, k) in enumerate(variants)
     }
@@ -81,7 +84,7 @@ def main() -> None:
         study=study,
         artifact_store=counting,
         architecture_state=arch_state,
-        config=CheckpointConfig(every_p_trials=args.p, top_k=3),
+        config=CheckpointConfig(every_p_trials=args.p, top_k=3, zstd_level=args.zstd_level),
         namespace="unused",
     )
     baseline_bytes = 0
@@ -127,7 +130,8 @@ def main() -> None:
 
     print(
         f"digits search: preset {args.preset}, supernet {n_params(trainer.net):,} parameters, "
-        f"{args.trials} trials x {s} SGD steps, top-3 every {args.p} trials "
+        f"{args.trials} trials x {s} SGD steps, top-3 every {args.p} trials, "
+        f"zstd level {args.zstd_level} "
         f"({elapsed:.0f} s; best accuracy {study.best_value:.3f}); top-3 states: "
         f"{top_saves} saves, {top_bytes / 1e6:.2f} MB of each 'ours' row"
     )
