@@ -36,6 +36,7 @@ from dataclasses import fields
 from dataclasses import replace
 import os
 from pathlib import Path
+
 try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10
@@ -183,9 +184,9 @@ class SamplerConfig:
 
         try:
             samplers = importlib.import_module("optuna_hpcnas.samplers")
-            cls = getattr(samplers, {"evolutionary": "EvolutionarySampler"}.get(
-                self.name, "QUBOSampler"
-            ))
+            cls = getattr(
+                samplers, {"evolutionary": "EvolutionarySampler"}.get(self.name, "QUBOSampler")
+            )
         except (ImportError, AttributeError):
             raise ConfigError(
                 f"[sampler] name = {self.name!r} is not available in this installation "
@@ -219,7 +220,7 @@ class PrunerConfig:
         if self.name == "hyperband":
             return optuna.pruners.HyperbandPruner(**kw)
         try:
-            from optuna_hpcnas.pruners import StagedPruner  # type: ignore[import-not-found]
+            from optuna_hpcnas.pruners import StagedPruner
         except ImportError:
             raise ConfigError(
                 "[pruner] name = 'staged' is not available in this installation "
@@ -232,16 +233,18 @@ class PrunerConfig:
 class TrainingConfig:
     """``[training]`` (alias ``[supernet]``): how each candidate is trained and scored.
 
-    ``epochs`` epochs of ``steps_per_epoch`` optimizer steps per trial, reporting the
-    validation metric after each epoch (where the pruner decides); ``warmup_steps`` steps of
-    single-path supernet training with random paths before the search starts.
+    Per trial: ``supernet_steps`` single-path steps of the shared supernet on the candidate's
+    path (SGD, ``supernet_lr``), then ``epochs`` epochs of ``steps_per_epoch`` optimizer
+    steps (AdamW, ``lr``) fine-tuning the candidate's inherited layers in its engine, with
+    the validation metric reported after each epoch (where the pruner decides).
     """
 
     epochs: int = 2
     steps_per_epoch: int = 20
     lr: float = 1e-2
     weight_decay: float = 0.0
-    warmup_steps: int = 0
+    supernet_steps: int = 10
+    supernet_lr: float = 0.05
     device: str = "auto"
     seed: int = 0
 
@@ -250,7 +253,8 @@ class TrainingConfig:
         _int_or_none("steps_per_epoch", self.steps_per_epoch, 1)
         _number("lr", self.lr)
         _number("weight_decay", self.weight_decay, positive=False)
-        _int_or_none("warmup_steps", self.warmup_steps, 0)
+        _int_or_none("supernet_steps", self.supernet_steps, 0)
+        _number("supernet_lr", self.supernet_lr)
         _choice("device", self.device, DEVICES)
         _int_or_none("seed", self.seed, 0)
 

@@ -48,7 +48,7 @@ class _HierarchicalSum:
 
     def _advance(self) -> None:
         """Post the next phase whose predecessor finished (phase 0 posts the reduce)."""
-        MPI = self._mpi  # noqa: N806
+        MPI = self._mpi
         while True:
             if self._req is not None:
                 if not self._req.Test():
@@ -60,8 +60,10 @@ class _HierarchicalSum:
                 self._phase = 1
                 if self._node.Get_size() > 1:
                     self._req = self._node.Ireduce(
-                        self._buf, self._tmp if self._node.Get_rank() == 0 else None,
-                        op=MPI.SUM, root=0,
+                        self._buf,
+                        self._tmp if self._node.Get_rank() == 0 else None,
+                        op=MPI.SUM,
+                        root=0,
                     )
                     if self._node.Get_rank() != 0:
                         self.bytes_sent += self._buf.nbytes

@@ -57,6 +57,38 @@ def skip_shm_op() -> None:
         compatible["deepspeed_shm_comm"] = False
 
 
+_DS_GROUP_GLOBALS = {
+    "_EXPERT_PARALLEL_GROUP": dict,
+    "_EXPERT_PARALLEL_GROUP_RANKS": dict,
+    "_EXPERT_DATA_PARALLEL_GROUP": dict,
+    "_EXPERT_DATA_PARALLEL_GROUP_RANKS": dict,
+    "_ALL_TO_ALL_GROUP": dict,
+    "_WORLD_GROUP": None,
+    "_ZERO_PARAM_INTRA_PARALLEL_GROUP": None,
+    "mpu": None,
+    "mesh_device": None,
+    "_TENSOR_MODEL_PARALLEL_GROUP": None,
+    "_MODEL_PARALLEL_GROUP": None,
+    "_DATA_PARALLEL_GROUP": None,
+    "_MPU_TENSOR_MODEL_PARALLEL_WORLD_SIZE": None,
+    "_MPU_TENSOR_MODEL_PARALLEL_RANK": None,
+}
+
+
+def reset_deepspeed_groups() -> None:
+    """Forget the process groups DeepSpeed cached for the previous engine.
+
+    ``deepspeed.utils.groups`` keeps module-level handles (the pipeline grid as ``mpu``, the
+    data-parallel and world groups) that a later engine would reuse, although they belong to
+    another engine's layout or to a torch world that no longer exists.
+    """
+    from deepspeed.utils import groups
+
+    for name, initial in _DS_GROUP_GLOBALS.items():
+        if hasattr(groups, name):
+            setattr(groups, name, initial() if initial is dict else None)
+
+
 def rendezvous_env(
     *, rank: int, world_size: int, local_rank: int, master_addr: str, master_port: int
 ) -> dict[str, str]:
@@ -323,6 +355,7 @@ def build_engine(
         )
     import deepspeed
 
+    reset_deepspeed_groups()
     run_layers: list[nn.Module] = list(copies)
     if autocast is not None:
         # fp32 engine + autocast inside forward (DeepSpeed's own bf16 mode breaks BatchNorm)

@@ -89,10 +89,10 @@ def assign_groups(placements: Sequence[Placement], group_size: int) -> list[int]
 class _SelfComm:
     """The subset of an MPI communicator the runner uses, for one process without mpi4py."""
 
-    def Get_rank(self) -> int:  # noqa: N802 - mirrors mpi4py
+    def Get_rank(self) -> int:
         return 0
 
-    def Get_size(self) -> int:  # noqa: N802
+    def Get_size(self) -> int:
         return 1
 
     def bcast(self, obj: Any, root: int = 0) -> Any:
@@ -107,16 +107,16 @@ class _SelfComm:
     def allreduce(self, obj: Any, op: Any = None) -> Any:
         return obj
 
-    def Barrier(self) -> None:  # noqa: N802
+    def Barrier(self) -> None:
         return None
 
     def barrier(self) -> None:
         return None
 
-    def Abort(self, errorcode: int = 1) -> None:  # noqa: N802
+    def Abort(self, errorcode: int = 1) -> None:
         raise SystemExit(errorcode)
 
-    def Free(self) -> None:  # noqa: N802
+    def Free(self) -> None:
         return None
 
 

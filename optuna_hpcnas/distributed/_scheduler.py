@@ -197,9 +197,7 @@ def simulate(
     submitted.
     """
     if len(tasks) != len(durations):
-        raise ValueError(
-            f"`tasks` has {len(tasks)} entries but `durations` has {len(durations)}."
-        )
+        raise ValueError(f"`tasks` has {len(tasks)} entries but `durations` has {len(durations)}.")
     clock = SimulatedClock()
     duration_of = {id(t): float(d) for t, d in zip(tasks, durations)}
     arrivals = sorted(range(len(tasks)), key=lambda i: tasks[i].submitted)
@@ -227,9 +225,7 @@ def simulate(
                 continue
             run = duration_of[id(task)]
             busy += run
-            heapq.heappush(
-                events, (clock.now() + dispatch_overhead + run, g, index_of[id(task)])
-            )
+            heapq.heappush(events, (clock.now() + dispatch_overhead + run, g, index_of[id(task)]))
         idle = still_idle
         next_time = events[0][0] if events else np.inf
         if next_arrival < len(arrivals):

@@ -106,7 +106,5 @@ def format_table(reports: Sequence[RankUtilisation]) -> str:
         )
     if reports:
         mean = {c: sum(r.shares[c] for r in reports) / len(reports) for c in cols}
-        lines.append(
-            f"{'mean':>4} {'':>5} {'':>8} " + " ".join(f"{mean[c]:7.1%}" for c in cols)
-        )
+        lines.append(f"{'mean':>4} {'':>5} {'':>8} " + " ".join(f"{mean[c]:7.1%}" for c in cols))
     return "\n".join(lines)
