@@ -87,6 +87,16 @@ def test_pipeline_2_by_data_2_trains_and_replicas_stay_equal() -> None:
     assert z3["kind"] == "data"
     assert sum(z3["losses"][-3:]) < sum(z3["losses"][:3])
     assert z3["changed"] == [True, False, True, False, True]
+    # averaging between 4 groups: mean of the changes, local progress in flight kept
+    for compression in ("none", "powersgd"):
+        for r in ranks:
+            got = r[compression]
+            assert got["rounds"] == 1 and got["bytes"] > 0
+            extra = 10.0 if r["rank"] == 1 else 0.0
+            assert got["matrix"] == pytest.approx([1.5 + extra] * 48, abs=1e-4)
+            assert got["vector"] == pytest.approx([3.0] * 5, abs=1e-5)
+    # rank-2 factors of an 8x6 matrix plus the dense vector: fewer bytes than the raw delta
+    assert ranks[3]["powersgd"]["bytes"] < ranks[3]["none"]["bytes"]
 
 
 def test_exception_on_one_rank_ends_every_rank(tmp_path: Path) -> None:
