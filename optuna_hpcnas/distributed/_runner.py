@@ -160,6 +160,7 @@ class _Runner:
                 cost_aware=self.dcfg.scheduler == "cost_aware",
                 lookahead=self.dcfg.lookahead if self.dcfg.scheduler == "cost_aware" else 1,
             )
+        self._loop_started = time.perf_counter()
         self._loop()
         if self.averager is not None:
             with self.tracker.track("communication"):
@@ -449,6 +450,7 @@ class _Runner:
         self.tracker.stop()
         report = self.tracker.report(
             rank=self.comm.Get_rank(),
+            loop_seconds=time.perf_counter() - self._loop_started,
             group=self.group.index,
             leader=self.group.is_leader,
             trials=self.trials_done if self.group.is_leader else 0,
