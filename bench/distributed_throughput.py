@@ -54,9 +54,7 @@ def run(n: int, trials_per_rank: int, steps: int, workdir: Path) -> dict:
     db = workdir / f"r{n}.db"
     cfg = workdir / f"r{n}.toml"
     cfg.write_text(
-        CONFIG.format(
-            db=db, n_trials=n * trials_per_rank, steps=steps, supernet_steps=steps // 2
-        )
+        CONFIG.format(db=db, n_trials=n * trials_per_rank, steps=steps, supernet_steps=steps // 2)
     )
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     cmd = [mpirun(), "-n", str(n), sys.executable, "-m", "mpi4py", "-m"]
@@ -94,14 +92,18 @@ def main() -> None:
         for n in args.ranks:
             results.append(run(n, args.trials_per_rank, args.steps, Path(tmp)))
     base = results[0]["trials"] / results[0]["window"]
-    print(f"digits-small search, {os.cpu_count()} CPU cores, {args.steps} steps x 3 epochs/trial\n")
+    print(
+        f"digits-small search, {os.cpu_count()} CPU cores, {args.steps} steps x 3 epochs/trial\n"
+    )
     print(
         f"{'ranks':>5} {'trials':>6} {'search s':>8} {'trials/s':>8} {'vs 1 rank':>9} "
         f"{'job s':>6} {'compute (loop)':>14} {'compute (wall)':>14} {'sync MB':>8}"
     )
     for r in results:
         tps = r["trials"] / r["window"]
-        loop_share = [x["shares"]["compute"] * x["wall_seconds"] / x["loop_seconds"] for x in r["ranks"]]
+        loop_share = [
+            x["shares"]["compute"] * x["wall_seconds"] / x["loop_seconds"] for x in r["ranks"]
+        ]
         wall_share = [x["shares"]["compute"] for x in r["ranks"]]
         print(
             f"{r['n']:>5} {r['trials']:>6} {r['window']:8.1f} {tps:8.3f} {tps / base:8.2f}x "
@@ -114,8 +116,7 @@ def main() -> None:
     for r in results:
         for x in r["ranks"]:
             print(
-                f"{r['n']:>5} {x['rank']:>4} "
-                + " ".join(f"{x['shares'][c]:7.1%}" for c in cats)
+                f"{r['n']:>5} {x['rank']:>4} " + " ".join(f"{x['shares'][c]:7.1%}" for c in cats)
             )
     print(
         "\ncompute (loop) = compute seconds / seconds inside the search loop (after imports, "

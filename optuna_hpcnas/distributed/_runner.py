@@ -18,7 +18,9 @@ the study ends with exactly ``n_trials`` new trials, whatever the number of grou
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from collections.abc import Sequence
+from contextlib import contextmanager
 import json
 import logging
 import math
@@ -241,7 +243,8 @@ class _Runner:
         with self.tracker.track("storage"):
             if self.config.study.n_trials is None:
                 return self.study.ask()
-            trial_id = self.study._pop_waiting_trial_id()
+            with _sqlite_pop_lock(self.config.study.resolved_storage()):
+                trial_id = self.study._pop_waiting_trial_id()
             if trial_id is None:
                 return None
             return optuna.trial.Trial(self.study, trial_id)
@@ -464,6 +467,29 @@ class _Runner:
         assert self.study is not None and reports is not None
         _logger.info("Utilisation per rank:\n%s", format_table(reports))
         _store_utilisation(self.study, reports)
+
+
+@contextmanager
+def _sqlite_pop_lock(url: str | None) -> Iterator[None]:
+    """Serialise popping WAITING trials among the processes of one SQLite file.
+
+    Optuna pops a waiting trial with a read-then-update that relies on ``SELECT ... FOR
+    UPDATE``; SQLite ignores row locks, and two leaders were seen to pop the same trial. A
+    file lock next to the database closes that window (SQLite is single-machine anyway);
+    PostgreSQL and MySQL lock the row themselves.
+    """
+    if not url or not url.startswith("sqlite:///") or url == "sqlite:///:memory:":
+        yield
+        return
+    import fcntl
+
+    path = url[len("sqlite:///") :].split("?", 1)[0] + ".hpcnas-lock"
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _store_utilisation(study: optuna.Study, reports: Sequence[RankUtilisation]) -> None:
