@@ -67,6 +67,10 @@ def time_engine(engine: Any, stream: Any, steps: int, warmup: int = 3) -> float:
 
 
 def part1(args: argparse.Namespace) -> list[tuple[str, str, float]]:
+    """Build every engine once, then time them interleaved ``--repeats`` times (median), so
+    a background load spike does not favour one of them."""
+    import statistics
+
     import torch
 
     from optuna_hpcnas.distributed import DistributedConfig
@@ -76,18 +80,16 @@ def part1(args: argparse.Namespace) -> list[tuple[str, str, float]]:
     from optuna_hpcnas.distributed._groups import self_comm
 
     group = form_groups(self_comm(), 1)
-    rows = []
-    world: TorchWorld | None = None
+    world = TorchWorld(group, DistributedConfig(engine="deepspeed"), "cpu")
+    world.ensure(1)  # a torch world of one rank for the DeepSpeed engines
+    engines = {}
     for precision in ("fp32", "bf16"):
-        for label, engine_kind, zero in (
+        for label, kind, zero in (
             ("plain PyTorch", "auto", 0),
             ("DeepSpeed ZeRO-0", "deepspeed", 0),
             ("DeepSpeed ZeRO-1", "deepspeed", 1),
         ):
-            config = DistributedConfig(engine=engine_kind, zero_stage=zero, precision=precision)
-            if engine_kind == "deepspeed" and world is None:
-                world = TorchWorld(group, config, "cpu")
-                world.ensure(1)
+            config = DistributedConfig(engine=kind, zero_stage=zero, precision=precision)
             layers, shape, _ = subnet_layers(args.preset)
             engine = build_engine(
                 layers,
@@ -98,11 +100,16 @@ def part1(args: argparse.Namespace) -> list[tuple[str, str, float]]:
                 config=config,
                 lr=1e-3,
             )
-            seconds = time_engine(engine, batches(shape, args.batch, 0), args.steps)
-            rows.append((precision, label, args.steps * args.batch / seconds))
-    if world is not None:
-        world.close()
-    return rows
+            engines[(precision, label)] = (engine, batches(shape, args.batch, 0))
+    times: dict[tuple[str, str], list[float]] = {key: [] for key in engines}
+    for _ in range(args.repeats):
+        for key, (engine, stream) in engines.items():
+            times[key].append(time_engine(engine, stream, args.steps))
+    world.close()
+    return [
+        (p, label, args.steps * args.batch / statistics.median(times[(p, label)]))
+        for p, label in engines
+    ]
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -118,7 +125,8 @@ def worker(args: argparse.Namespace) -> None:
     comm = MPI.COMM_WORLD
     group = form_groups(comm, comm.Get_size())
     results = []
-    for label, dp, pp in (("data parallel 4", 4, 1), ("pipeline 4", 1, 4), ("pipeline 2 x data 2", 2, 2)):
+    layouts = (("data parallel 4", 4, 1), ("pipeline 4", 1, 4), ("pipeline 2 x data 2", 2, 2))
+    for label, dp, pp in layouts:
         config = DistributedConfig(group_size=4, zero_stage=1, pipeline_micro_batches=4)
         world = TorchWorld(group, config, "cpu")
         world.ensure(4)
@@ -146,7 +154,8 @@ def worker(args: argparse.Namespace) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--preset", default="digits-small")
     parser.add_argument("--worker", action="store_true")
@@ -155,7 +164,10 @@ def main() -> None:
     if args.worker:
         worker(args)
         return
-    print(f"subnet of {args.preset} (residual, widest cells), batch {args.batch}, {args.steps} steps\n")
+    print(
+        f"subnet of {args.preset} (residual, widest cells), batch {args.batch}, "
+        f"{args.steps} steps, median of {args.repeats} interleaved repeats\n"
+    )
     rows = part1(args)
     print(f"{'precision':<9} {'engine (dp = pp = 1)':<20} {'images/s':>9} {'vs plain':>8}")
     plain = {p: ips for p, label, ips in rows if label == "plain PyTorch"}
@@ -164,7 +176,8 @@ def main() -> None:
     if args.no_mpi:
         return
     mpirun = Path(sys.executable).with_name("mpirun")
-    cmd = [str(mpirun if mpirun.exists() else "mpirun"), "-n", "4", sys.executable, "-m", "mpi4py"]
+    launcher = str(mpirun if mpirun.exists() else "mpirun")
+    cmd = [launcher, "-n", "4", sys.executable, "-m", "mpi4py"]
     cmd += [__file__, "--worker", "--steps", str(args.steps), "--batch", str(args.batch)]
     cmd += ["--preset", args.preset]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
@@ -173,7 +186,9 @@ def main() -> None:
     if proc.returncode != 0 or not lines:
         raise RuntimeError(proc.stderr[-3000:])
     results = json.loads(lines[-1][len("RESULT ") :])
-    print(f"\n4 ranks ({os.cpu_count()} cores), micro-batch {args.batch} per replica, ZeRO-1, fp32")
+    print(
+        f"\n4 ranks ({os.cpu_count()} cores), micro-batch {args.batch} per replica, ZeRO-1, fp32"
+    )
     print(f"{'layout':<22} {'images/s':>9} {'vs dp4':>7} {'vs 1-rank plain':>15}")
     dp4 = results[0][1]
     for label, ips in results:

@@ -165,8 +165,10 @@ class _Runner:
         self._loop_started = time.perf_counter()
         self._loop()
         if self.averager is not None:
+            with self.tracker.track("idle"):  # waiting for the last group to finish its trial
+                target = self.averager.agree_rounds()
             with self.tracker.track("communication"):
-                self.averager.finish()
+                self.averager.finish(target)
         self._finish()
 
     def close(self) -> None:
@@ -203,7 +205,8 @@ class _Runner:
             finally:
                 self.comm.bcast(error, root=0)
         else:
-            error = self.comm.bcast(None, root=0)
+            with self.tracker.track("idle"):  # rank 0 creates the study and the budget
+                error = self.comm.bcast(None, root=0)
             if error is not None:
                 raise RuntimeError(f"World rank 0 could not open the study: {error}")
             if self.group.is_leader:
@@ -461,7 +464,7 @@ class _Runner:
             sync_bytes=self.averager.bytes_sent if self.averager is not None else 0,
             sync_rounds=self.averager.rounds_done if self.averager is not None else 0,
         )
-        reports = self.comm.gather(report, root=0)
+        reports = self.comm.gather(report, root=0)  # after tracker.stop(): not counted
         if self.comm.Get_rank() != 0:
             return
         assert self.study is not None and reports is not None
