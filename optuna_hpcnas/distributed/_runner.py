@@ -128,6 +128,9 @@ class _Runner:
             self.group = group = form_groups(self.comm, self.dcfg.group_size)
         self.channel = GroupChannel(group.comm, group_index=group.index)
         self.device = _resolve_device(self.config.training.device)
+        if self.device == "cuda":
+            # one GPU per rank of a node (LOCAL_RANK of the torch world says the same)
+            torch.cuda.set_device(group.context.local_rank % torch.cuda.device_count())
         torch.manual_seed(self.config.training.seed)
         with self.tracker.track("setup"):
             self.space = self.config.space.build()

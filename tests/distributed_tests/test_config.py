@@ -136,3 +136,15 @@ def test_supernet_alias_and_invalid_toml(tmp_path: Path) -> None:
         load_config(_write(tmp_path, "[study\n"))
     with pytest.raises(ConfigError, match="does not exist"):
         load_config(tmp_path / "missing.toml")
+
+
+def test_config_and_distributed_import_no_heavy_dependency() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, optuna_hpcnas.config, optuna_hpcnas.distributed; "
+        "print(','.join(m for m in ('torch', 'deepspeed', 'mpi4py') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ""
