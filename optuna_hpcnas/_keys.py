@@ -11,3 +11,21 @@ SEARCH_SPACE = "hpcnas:search_space:definition"
 
 # Constraint names (through ``trial.set_constraint``; Optuna prefixes them itself).
 CLUSTER_RANKS_CONSTRAINT = "hpcnas.cluster_ranks"
+
+# StagedPruner (trial system attributes).
+PRUNER_STAGE_VALUE = "hpcnas:pruner:stage_value:"  # + stage name: the value a trial took there
+PRUNER_STAGE_REACHED = "hpcnas:pruner:stage_reached"
+PRUNER_REASON = "hpcnas:pruner:reason"
+
+# SupernetObjective (trial user attributes: meant for people and dashboards).
+OBJECTIVE_ARCH = "arch"
+OBJECTIVE_ARCH_DESCRIPTION = "arch_description"
+OBJECTIVE_FLOPS = "flops"
+OBJECTIVE_PARAMS = "params"
+OBJECTIVE_LATENCY = "latency_s"
+OBJECTIVE_PREDICTED_LATENCY = "predicted_latency_s"
+OBJECTIVE_INHERITED_ACCURACY = "inherited_accuracy"
+OBJECTIVE_ACCURACY = "accuracy"
+OBJECTIVE_STAGE = "stage"
+OBJECTIVE_EPOCHS = "epochs"
+OBJECTIVE_FAIL_REASON = "fail_reason"
