@@ -16,6 +16,7 @@ CLUSTER_RANKS_CONSTRAINT = "hpcnas.cluster_ranks"
 PRUNER_STAGE_VALUE = "hpcnas:pruner:stage_value:"  # + stage name: the value a trial took there
 PRUNER_STAGE_REACHED = "hpcnas:pruner:stage_reached"
 PRUNER_REASON = "hpcnas:pruner:reason"
+PRUNER_EARLY_STOPPED = "hpcnas:pruner:early_stopped"  # epoch of a patience stop
 
 # SupernetObjective (trial user attributes: meant for people and dashboards).
 OBJECTIVE_ARCH = "arch"
@@ -29,3 +30,4 @@ OBJECTIVE_ACCURACY = "accuracy"
 OBJECTIVE_STAGE = "stage"
 OBJECTIVE_EPOCHS = "epochs"
 OBJECTIVE_FAIL_REASON = "fail_reason"
+OBJECTIVE_EARLY_STOPPED = "early_stopped"

@@ -367,6 +367,9 @@ class SupernetObjective:
         accuracy, _ = evaluate(model, self.data.valid)
         trial.set_user_attr(_keys.OBJECTIVE_INHERITED_ACCURACY, accuracy)
         plan, report, total_epochs = self._plan_and_pruning(trial)
+        maximize = (
+            trial.study.direction == optuna.study.StudyDirection.MAXIMIZE if report else True
+        )
         optimizer = torch.optim.SGD(
             model.parameters(),
             lr=plan.stages[0].lr,
@@ -375,6 +378,7 @@ class SupernetObjective:
         )
         generator = torch.Generator().manual_seed(trial.number)
         value = self._value(accuracy, costs)
+        best: float | None = None
         for epoch in range(1, total_epochs + 1):
             stage = plan.stages[plan.stage_index(epoch)]
             trial.set_user_attr(_keys.OBJECTIVE_STAGE, stage.name)
@@ -405,14 +409,24 @@ class SupernetObjective:
             if not math.isfinite(loss):
                 return self._non_finite(trial, epoch, stage.name)
             trial.set_user_attr(_keys.OBJECTIVE_EPOCHS, epoch)
-            trial.set_user_attr(_keys.OBJECTIVE_ACCURACY, accuracy)
             value = self._value(accuracy, costs)
-            if report:
-                assert isinstance(value, float)
-                trial.report(value, epoch)
-                if trial.should_prune():
-                    raise optuna.TrialPruned(f"pruned at epoch {epoch} (stage {stage.name!r})")
-        return value
+            if not report:
+                trial.set_user_attr(_keys.OBJECTIVE_ACCURACY, accuracy)
+                continue
+            assert isinstance(value, float)
+            if best is None or (value > best) == maximize:
+                best = value
+                trial.set_user_attr(_keys.OBJECTIVE_ACCURACY, accuracy)
+            trial.report(value, epoch)
+            if trial.should_prune():
+                if isinstance(trial.study.pruner, StagedPruner) and StagedPruner.early_stopped(
+                    trial
+                ):
+                    # Early stopping: the trial is finished, with its best epoch.
+                    trial.set_user_attr(_keys.OBJECTIVE_EARLY_STOPPED, epoch)
+                    return best
+                raise optuna.TrialPruned(f"pruned at epoch {epoch} (stage {stage.name!r})")
+        return best if report and best is not None else value
 
     def _non_finite(
         self, trial: optuna.Trial, epoch: int, stage: str

@@ -151,10 +151,13 @@ class StagedPruner(BasePruner):
         patience: Overrides ``plan.patience`` when given.
 
     Report the validation metric once per epoch with ``trial.report(value, epoch)``, epochs
-    counted from 1. The pruner prunes a trial that ends a stage outside the promoted share of
-    that stage, or that has not improved for ``patience`` epochs. The stage a trial reached is
-    in its system attributes (``StagedPruner.stage_reached(trial)``) and the reason of a
-    pruning under ``optuna_hpcnas._keys.PRUNER_REASON``.
+    counted from 1. ``should_prune()`` is true for a trial that ends a stage outside the
+    promoted share of that stage, or that has not improved for ``patience`` epochs. The second
+    case is early stopping, not a verdict: ``StagedPruner.early_stopped(trial)`` tells them
+    apart, and an objective may finish such a trial with its best value (``SupernetObjective``
+    does). The stage a trial reached is in its system attributes
+    (``StagedPruner.stage_reached(trial)``), the reason of a stop under
+    ``optuna_hpcnas._keys.PRUNER_REASON``.
 
     Example:
         >>> import optuna
@@ -193,6 +196,15 @@ class StagedPruner(BasePruner):
         value = trial.system_attrs.get(_keys.PRUNER_STAGE_REACHED)
         return None if value is None else str(value)
 
+    @staticmethod
+    def early_stopped(trial: FrozenTrial | optuna.Trial) -> bool:
+        """Whether the last stop of ``trial`` was a patience stop (early stopping)."""
+        if isinstance(trial, optuna.Trial):
+            attrs = trial.storage.get_trial_system_attrs(trial._trial_id)
+        else:
+            attrs = trial.system_attrs
+        return _keys.PRUNER_EARLY_STOPPED in attrs
+
     def prune(self, study: optuna.Study, trial: FrozenTrial) -> bool:
         if len(study.directions) > 1:
             raise RuntimeError("StagedPruner supports single-objective studies only.")
@@ -217,6 +229,7 @@ class StagedPruner(BasePruner):
         if plan.patience and self._stalled(finite, step, maximize):
             reason = f"no improvement for {plan.patience} epochs (stage {name!r}, epoch {step})"
             storage.set_trial_system_attr(trial_id, _keys.PRUNER_REASON, reason)
+            storage.set_trial_system_attr(trial_id, _keys.PRUNER_EARLY_STOPPED, step)
             return True
 
         if step in plan.boundaries and stage < len(plan.stages) - 1:

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from collections.abc import Iterable
 from collections.abc import Sequence
 import contextlib
+import copy
 from dataclasses import dataclass
 from enum import Enum
 import logging
@@ -383,11 +384,13 @@ class SupernetTrainer:
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
-        """Weights, optimizer state and RNG states as tensors and plain values (no pickles)."""
+        """A snapshot of the weights, optimizer state and RNG states, as tensors and plain
+        values (no pickled objects): later training does not change it.
+        """
         bit = self._rng.bit_generator.state
         return {
-            "supernet": self.supernet.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
+            "supernet": {k: v.detach().clone() for k, v in self.supernet.state_dict().items()},
+            "optimizer": copy.deepcopy(self.optimizer.state_dict()),
             "scaler": self.scaler.state_dict() if self.scaler is not None else {},
             "rng": {
                 "numpy": {
