@@ -51,6 +51,7 @@ DIRECTIONS = ("maximize", "minimize")
 METRICS = ("accuracy", "loss", "flops", "params", "latency")
 DATASETS = ("digits", "sequence")
 DEVICES = ("auto", "cpu", "cuda")
+OPTIMIZERS = ("adamw", "sgd")
 
 
 class ConfigError(ValueError):
@@ -236,7 +237,9 @@ class TrainingConfig:
     Per trial: ``supernet_steps`` single-path steps of the shared supernet on the candidate's
     path (SGD, ``supernet_lr``), then ``epochs`` epochs of ``steps_per_epoch`` optimizer
     steps (AdamW, ``lr``) fine-tuning the candidate's inherited layers in its engine, with
-    the validation metric reported after each epoch (where the pruner decides).
+    the validation metric reported after each epoch (where the pruner decides). With
+    ``[pruner] name = "staged"`` the pruner's stage plan sets the epochs and each epoch's
+    learning rate instead (the articles' SGD rates: use ``optimizer = "sgd"``).
     """
 
     epochs: int = 2
@@ -245,6 +248,8 @@ class TrainingConfig:
     weight_decay: float = 0.0
     supernet_steps: int = 10
     supernet_lr: float = 0.05
+    optimizer: str = "adamw"
+    momentum: float = 0.9
     device: str = "auto"
     seed: int = 0
 
@@ -255,6 +260,8 @@ class TrainingConfig:
         _number("weight_decay", self.weight_decay, positive=False)
         _int_or_none("supernet_steps", self.supernet_steps, 0)
         _number("supernet_lr", self.supernet_lr)
+        _choice("optimizer", self.optimizer, OPTIMIZERS)
+        _number("momentum", self.momentum, positive=False)
         _choice("device", self.device, DEVICES)
         _int_or_none("seed", self.seed, 0)
 

@@ -257,6 +257,12 @@ class TrainEngine:
         """Group rank holding the trained copy of each layer (the first replica's)."""
         return list(self._owners)
 
+    def set_lr(self, lr: float) -> None:
+        """Set the learning rate of every parameter group (a stage of a staged plan)."""
+        optimizer = self._optimizer if self.kind == "plain" else self._module.optimizer
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+
     def train_step(self, batches: Iterator[Batch]) -> float:
         """One optimizer step: ``micro_batches`` micro-batches for a pipeline, one otherwise."""
         import torch
@@ -313,6 +319,21 @@ class TrainEngine:
     _zero3 = False
 
 
+def _optimizer(
+    name: str, params: list[Any], lr: float, weight_decay: float, momentum: float
+) -> torch.optim.Optimizer:
+    """A torch optimizer (DeepSpeed's config ``"Adam"`` would compile ``fused_adam``)."""
+    import torch
+
+    if name == "sgd":
+        return torch.optim.SGD(
+            params, lr=lr, momentum=momentum, nesterov=momentum > 0, weight_decay=weight_decay
+        )
+    if name != "adamw":
+        raise ValueError(f"`optimizer` is {name!r}, but must be 'adamw' or 'sgd'.")
+    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+
+
 def build_engine(
     layers: Sequence[nn.Module],
     loss_fn: Callable[..., torch.Tensor],
@@ -323,6 +344,8 @@ def build_engine(
     config: DistributedConfig,
     lr: float,
     weight_decay: float = 0.0,
+    optimizer: str = "adamw",
+    momentum: float = 0.9,
     device: str = "cpu",
     group_rank: int = 0,
 ) -> TrainEngine:
@@ -340,7 +363,7 @@ def build_engine(
     use_ds = config.engine == "deepspeed" or data_parallel * pipeline_stages > 1
     if not use_ds:
         module = torch.nn.Sequential(*copies)
-        opt = torch.optim.AdamW(module.parameters(), lr=lr, weight_decay=weight_decay)
+        opt = _optimizer(optimizer, list(module.parameters()), lr, weight_decay, momentum)
         return TrainEngine(
             kind="plain",
             module=module,
@@ -406,7 +429,7 @@ def build_engine(
         local = range(n)
         kind = "data"
     params = [p for p in module.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+    opt = _optimizer(optimizer, params, lr, weight_decay, momentum)
     engine, _, _, _ = deepspeed.initialize(model=module, optimizer=opt, config=ds_config)
     result = TrainEngine(
         kind=kind,

@@ -110,6 +110,7 @@ class _Runner:
         self.trials_done = 0
         self.trials_infeasible = 0
         self._current: tuple[Any, Any] | None = None
+        self._best: tuple[float, dict[str, float]] | None = None
 
     # ------------------------------------------------------------------ setup
     def run(self) -> None:
@@ -288,7 +289,8 @@ class _Runner:
             # the space records the same constraint itself when it knows max_ranks
             if key not in trial.storage.get_trial_system_attrs(trial._trial_id):
                 trial.set_constraint(_keys.CLUSTER_RANKS_CONSTRAINT, float(excess))
-            trial.set_user_attr("architecture", arch.describe())
+            trial.set_user_attr(_keys.OBJECTIVE_ARCH, arch.to_json())
+            trial.set_user_attr(_keys.OBJECTIVE_ARCH_DESCRIPTION, arch.describe())
             trial.storage.set_trial_system_attr(
                 trial._trial_id, _keys.DISTRIBUTED_INFEASIBLE, reason
             )
@@ -352,6 +354,7 @@ class _Runner:
                 )
         engine = None
         layers: list[nn.Module] = []
+        schedule = self._schedule
         if active:
             with self.tracker.track("setup"):
                 layers = self.evaluator.layers(arch)
@@ -366,8 +369,10 @@ class _Runner:
                     pipeline_stages=pp,
                     micro_batch_size=msg.micro_batch_size,
                     config=self.dcfg,
-                    lr=tcfg.lr,
+                    lr=schedule[0][0],
                     weight_decay=tcfg.weight_decay,
+                    optimizer=tcfg.optimizer,
+                    momentum=tcfg.momentum,
                     device=self.device,
                     group_rank=group.rank,
                 )
@@ -377,12 +382,13 @@ class _Runner:
                 num_replicas=dp,
                 seed=msg.seed,
             )
-        values: list[float] | None = None
         pruned = False
         metrics: dict[str, float] = {}
-        for epoch in range(tcfg.epochs):
+        self._best = None
+        for epoch, (lr, stage) in enumerate(schedule, start=1):
             if active:
                 assert engine is not None
+                engine.set_lr(lr)
                 with self.tracker.track("compute"):
                     for _ in range(tcfg.steps_per_epoch):
                         engine.train_step(batches)
@@ -397,29 +403,60 @@ class _Runner:
                 with channel.leader_section("scoring the candidate"):
                     with self.tracker.track("compute"):
                         metrics = self.evaluator.validate(layers, self.config.objective.metrics)
-                    decision = self._report(metrics, epoch)
+                    decision = self._report(metrics, epoch, stage)
             with self.tracker.track("idle"):
-                pruned = bool(channel.share(decision))
-            if pruned:
+                decision = channel.share(decision)
+            if decision is not None:
+                pruned = decision == "prune"
                 break
         del engine
         if group.is_leader:
             values = [metrics[m] for m in self.config.objective.metrics]
+            if self._best is not None and len(values) == 1:
+                values = [self._best[0]]  # the best epoch (early stopping finishes with it)
+                metrics = self._best[1]
             with channel.leader_section("telling the result"):
                 self._tell(values, pruned, arch, msg, metrics)
             with channel.leader_section("averaging weights"), self.tracker.track("communication"):
                 if self.averager is not None:
                     self.averager.trial_finished()
 
-    def _report(self, metrics: dict[str, float], epoch: int) -> bool:
-        assert self._current is not None
+    def _report(self, metrics: dict[str, float], epoch: int, stage: str | None) -> str | None:
+        """Report one epoch; ``"prune"``, ``"stop"`` (early stopping) or ``None``."""
+        assert self._current is not None and self.study is not None
         trial = self._current[0]
+        with self.tracker.track("storage"):
+            trial.set_user_attr(_keys.OBJECTIVE_EPOCHS, epoch)
+            if stage is not None:
+                trial.set_user_attr(_keys.OBJECTIVE_STAGE, stage)
         if len(self.config.study.directions) > 1:
-            return False  # Optuna does not prune multi-objective trials
+            return None  # Optuna does not prune multi-objective trials
         value = metrics[self.config.objective.metrics[0]]
+        maximize = self.config.study.directions[0] == "maximize"
+        if self._best is None or (value > self._best[0]) == maximize:
+            self._best = (value, dict(metrics))
         with self.tracker.track("storage"):
             trial.report(value, epoch)
-            return bool(trial.should_prune())
+            if not trial.should_prune():
+                return None
+            if stage is not None:
+                from optuna_hpcnas.pruners import StagedPruner
+
+                if StagedPruner.early_stopped(trial):
+                    trial.set_user_attr(_keys.OBJECTIVE_EARLY_STOPPED, epoch)
+                    return "stop"
+            return "prune"
+
+    @property
+    def _schedule(self) -> list[tuple[float, str | None]]:
+        """(learning rate, stage name) per epoch: the staged plan, or ``[training]``."""
+        if self.config.pruner.name == "staged" and len(self.config.study.directions) == 1:
+            plan = self.config.pruner.build().plan
+            return [
+                (plan.stages[plan.stage_index(e)].lr, plan.stages[plan.stage_index(e)].name)
+                for e in range(1, plan.boundaries[-1] + 1)
+            ]
+        return [(self.config.training.lr, None)] * self.config.training.epochs
 
     def _tell(
         self,
@@ -439,9 +476,10 @@ class _Runner:
             f"dp{msg.data_parallel}xpp{msg.pipeline_stages} on {self.group.size} ranks ({engine})"
         )
         with self.tracker.track("storage"):
-            trial.set_user_attr("architecture", arch.describe())
+            trial.set_user_attr(_keys.OBJECTIVE_ARCH, arch.to_json())
+            trial.set_user_attr(_keys.OBJECTIVE_ARCH_DESCRIPTION, arch.describe())
             for k, v in metrics.items():
-                trial.set_user_attr(k, v)
+                trial.set_user_attr({"latency": _keys.OBJECTIVE_LATENCY}.get(k, k), v)
             trial.storage.set_trial_system_attr(
                 trial._trial_id, _keys.DISTRIBUTED_GROUP, self.group.index
             )

@@ -122,3 +122,43 @@ def test_several_ranks_need_a_shared_storage(monkeypatch: pytest.MonkeyPatch) ->
     config = config_from_dict({"study": {"n_trials": 1}})
     with pytest.raises(ConfigError, match="shared storage"):
         run_search(config, comm=TwoRanks())
+
+
+def test_staged_pruner_plan_drives_epochs_and_learning_rates(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    config = config_from_dict(
+        {
+            "study": {"name": "staged", "storage": url, "n_trials": 4},
+            "sampler": {"name": "random", "seed": 1},
+            "pruner": {
+                "name": "staged",
+                "kwargs": {
+                    "plan": {
+                        "stages": [
+                            {"name": "quick", "epochs": 1, "lr": 0.01, "promote": 0.5},
+                            {"name": "full", "epochs": 2, "lr": 0.05, "promote": 1.0},
+                        ],
+                        "patience": 0,
+                    }
+                },
+            },
+            "training": {"steps_per_epoch": 2, "supernet_steps": 1, "optimizer": "sgd"},
+        }
+    )
+    run_search(config)  # type: ignore[arg-type]
+    study = optuna.load_study(study_name="staged", storage=url)
+    trials = study.get_trials()
+    assert len(trials) == 4
+    states = {t.state for t in trials}
+    assert states <= {optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED}
+    for t in trials:
+        epochs = t.user_attrs[_keys.OBJECTIVE_EPOCHS]
+        if t.state == optuna.trial.TrialState.COMPLETE:
+            # every stage was run: 1 + 2 epochs, the last in stage "full"
+            assert epochs == 3 and t.user_attrs[_keys.OBJECTIVE_STAGE] == "full"
+            assert t.values[0] == max(t.intermediate_values.values())
+        else:
+            assert epochs == 1 and t.user_attrs[_keys.OBJECTIVE_STAGE] == "quick"
+        assert sorted(t.intermediate_values) == list(range(1, epochs + 1))
+    # the first trial always goes on; with promote 0.5 some later one is stopped at stage 1
+    assert optuna.trial.TrialState.PRUNED in states
