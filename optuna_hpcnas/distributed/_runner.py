@@ -250,6 +250,8 @@ class _Runner:
         with self.tracker.track("storage"):
             if self.config.study.n_trials is None:
                 return self.study.ask()
+            # as study.ask does: let the sampler see trials other groups finished meanwhile
+            self.study._thread_local.cached_all_trials = None
             with _sqlite_pop_lock(self.config.study.resolved_storage()):
                 trial_id = self.study._pop_waiting_trial_id()
             if trial_id is None:
