@@ -162,3 +162,24 @@ def test_staged_pruner_plan_drives_epochs_and_learning_rates(tmp_path: Path) -> 
         assert sorted(t.intermediate_values) == list(range(1, epochs + 1))
     # the first trial always goes on; with promote 0.5 some later one is stopped at stage 1
     assert optuna.trial.TrialState.PRUNED in states
+
+
+def test_cost_aware_scheduler_runs_the_costliest_waiting_candidate_first(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'c.db'}"
+    config = config_from_dict(
+        {
+            "study": {"name": "cost", "storage": url, "n_trials": 4, "directions": ["minimize"]},
+            "sampler": {"name": "random", "seed": 2},
+            "training": {"epochs": 1, "steps_per_epoch": 1, "supernet_steps": 0},
+            "objective": {"metrics": ["flops"]},
+            "distributed": {"scheduler": "cost_aware", "lookahead": 4},
+        }
+    )
+    run_search(config)  # type: ignore[arg-type]
+    study = optuna.load_study(study_name="cost", storage=url)
+    trials = study.get_trials()
+    assert len(trials) == 4 and all(t.state == optuna.trial.TrialState.COMPLETE for t in trials)
+    # all four were asked before any ran; they ran (and finished) in decreasing FLOPs
+    by_finish = sorted(trials, key=lambda t: t.datetime_complete)
+    flops = [t.values[0] for t in by_finish]
+    assert flops == sorted(flops, reverse=True)
