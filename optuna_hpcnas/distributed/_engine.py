@@ -155,9 +155,10 @@ class TorchWorld:
         addr = port = None
         if self._group.is_leader:
             addr = self._address()
-            port = self._config.master_port + self.generation or _free_port(
-                "127.0.0.1" if self._group.single_node else "0.0.0.0"
-            )
+            if self._config.master_port:
+                port = self._config.master_port + self.generation
+            else:
+                port = _free_port("127.0.0.1" if self._group.single_node else "0.0.0.0")
         addr, port = self._group.comm.bcast((addr, port), root=0)
         self.generation += 1
         if self._group.rank >= members:
@@ -187,7 +188,8 @@ class TorchWorld:
         return True
 
     def close(self) -> None:
-        """Leave the torch world, if this rank is in one (not collective)."""
+        """Leave the torch world, if this rank is in one (every member must call it before
+        the next ``ensure``; not collective otherwise)."""
         import torch.distributed as dist
 
         if self._members and self._group.rank < self._members and dist.is_initialized():
