@@ -111,6 +111,7 @@ class _Runner:
         self.trials_infeasible = 0
         self._current: tuple[Any, Any] | None = None
         self._best: tuple[float, dict[str, float]] | None = None
+        self._reached: tuple[int, str | None] = (0, None)
 
     # ------------------------------------------------------------------ setup
     def run(self) -> None:
@@ -432,10 +433,7 @@ class _Runner:
         """Report one epoch; ``"prune"``, ``"stop"`` (early stopping) or ``None``."""
         assert self._current is not None and self.study is not None
         trial = self._current[0]
-        with self.tracker.track("storage"):
-            trial.set_user_attr(_keys.OBJECTIVE_EPOCHS, epoch)
-            if stage is not None:
-                trial.set_user_attr(_keys.OBJECTIVE_STAGE, stage)
+        self._reached = (epoch, stage)  # written once with the result (fewer storage writes)
         if len(self.config.study.directions) > 1:
             return None  # Optuna does not prune multi-objective trials
         value = metrics[self.config.objective.metrics[0]]
@@ -486,7 +484,12 @@ class _Runner:
             trial.set_user_attr(_keys.OBJECTIVE_ARCH, arch.to_json())
             trial.set_user_attr(_keys.OBJECTIVE_ARCH_DESCRIPTION, arch.describe())
             for k, v in metrics.items():
-                trial.set_user_attr({"latency": _keys.OBJECTIVE_LATENCY}.get(k, k), v)
+                if k == "accuracy" or k in self.config.objective.metrics:
+                    trial.set_user_attr({"latency": _keys.OBJECTIVE_LATENCY}.get(k, k), v)
+            epoch, stage = self._reached
+            trial.set_user_attr(_keys.OBJECTIVE_EPOCHS, epoch)
+            if stage is not None:
+                trial.set_user_attr(_keys.OBJECTIVE_STAGE, stage)
             trial.storage.set_trial_system_attr(
                 trial._trial_id, _keys.DISTRIBUTED_GROUP, self.group.index
             )
