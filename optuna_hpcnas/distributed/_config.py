@@ -30,8 +30,10 @@ class DistributedConfig:
     """How the MPI job is cut into evaluation groups and how each group trains.
 
     Args:
-        group_size: Ranks per evaluation group (node-local first). A candidate whose
-            ``data_parallel * pipeline_stages`` exceeds its group is infeasible.
+        group_size: Ranks per evaluation group (node-local first); 0 sizes groups from the
+            space's cluster parameters (the largest ``data_parallel * pipeline_stages``,
+            capped by ``max_ranks``). A candidate whose ``data_parallel * pipeline_stages``
+            exceeds its group is infeasible.
         sync_interval: Trials a group finishes between two averaging rounds of the shared
             supernet weights across groups; 0 never averages.
         compression: ``"none"`` or ``"powersgd"`` (low-rank, error feedback) for averaging.
@@ -70,7 +72,7 @@ class DistributedConfig:
     lookahead: int = 4
 
     def __post_init__(self) -> None:
-        _int("group_size", self.group_size, 1)
+        _int("group_size", self.group_size, 0)
         _int("sync_interval", self.sync_interval, 0)
         _choice("compression", self.compression, COMPRESSIONS)
         _int("powersgd_rank", self.powersgd_rank, 1)

@@ -63,6 +63,15 @@ def _resolve_device(name: str) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def _group_size(config: Any, space: HierarchicalSearchSpace) -> int:
+    """``[distributed] group_size``, or (0) the largest layout of the space."""
+    if config.group_size:
+        return int(config.group_size)
+    d = space.to_dict()
+    largest = max(d["data_parallel"]) * max(d["pipeline_stages"])
+    return min(largest, space.max_ranks) if space.max_ranks is not None else largest
+
+
 def run_search(
     config: RunConfig,
     *,
@@ -126,8 +135,10 @@ class _Runner:
                 "[study] storage is not set (nor OPTUNA_STORAGE): several ranks need a shared "
                 "storage, e.g. storage = 'sqlite:///nas.db' or a PostgreSQL URL."
             )
+        with self.tracker.track("setup"):
+            self.space = self.config.space.build()
         with self.tracker.track("communication"):
-            self.group = group = form_groups(self.comm, self.dcfg.group_size)
+            self.group = group = form_groups(self.comm, _group_size(self.dcfg, self.space))
         self.channel = GroupChannel(group.comm, group_index=group.index)
         self.device = _resolve_device(self.config.training.device)
         if self.device == "cuda":
@@ -135,7 +146,6 @@ class _Runner:
             torch.cuda.set_device(group.context.local_rank % torch.cuda.device_count())
         torch.manual_seed(self.config.training.seed)
         with self.tracker.track("setup"):
-            self.space = self.config.space.build()
             if self._factory is not None:
                 self.evaluator = self._factory(self.config, self.space, self.device)
             else:

@@ -91,7 +91,7 @@ def test_unknown_key_names_the_key_and_the_allowed_ones(tmp_path: Path) -> None:
     [
         ({"distributed": {"precision": "fp8"}}, r"`precision` is 'fp8'.*'bf16'"),
         ({"distributed": {"zero_stage": 4}}, r"`zero_stage` is 4"),
-        ({"distributed": {"group_size": 0}}, r"`group_size` is 0"),
+        ({"distributed": {"group_size": -1}}, r"`group_size` is -1"),
         ({"distributed": {"group_size": "2"}}, r"`group_size` must be an int"),
         ({"distributed": {"compression": "topk"}}, r"'none', 'powersgd'"),
         ({"sampler": {"name": "cmaes"}}, r"`name` is 'cmaes'.*'evolutionary'"),
@@ -148,3 +148,27 @@ def test_config_and_distributed_import_no_heavy_dependency() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""
+
+
+def test_group_size_zero_follows_the_space_cluster_parameters() -> None:
+    from optuna_hpcnas.distributed._runner import _group_size
+
+    config = config_from_dict(
+        {
+            "study": {"n_trials": 1},
+            "space": {"overrides": {"data_parallel": [1, 2], "pipeline_stages": [1, 3]}},
+            "distributed": {"group_size": 0},
+        }
+    )
+    space = config.space.build()
+    assert _group_size(config.distributed, space) == 6
+    capped = config_from_dict(
+        {
+            "study": {"n_trials": 1},
+            "space": {
+                "overrides": {"data_parallel": [1, 2], "pipeline_stages": [1, 3], "max_ranks": 4}
+            },
+        }
+    )
+    assert _group_size(DistributedConfig(group_size=0), capped.space.build()) == 4
+    assert _group_size(DistributedConfig(group_size=2), space) == 2
