@@ -88,9 +88,15 @@ def run_demo(
     threads: int = 1,
     seed: int = 0,
     top: int = 5,
+    plan: Any = None,
+    max_batches_per_epoch: int | None = None,
     out: Any = print,
 ) -> DemoResult:
-    """Run the whole demo; ``out`` receives the lines to show (``print`` by default)."""
+    """Run the whole demo; ``out`` receives the lines to show (``print`` by default).
+
+    ``plan`` (a ``StagePlan``, ``demo_plan()`` by default) and ``max_batches_per_epoch``
+    (fine-tuning batches per epoch) shrink it further, e.g. for a smoke test.
+    """
     import torch
 
     from optuna_hpcnas import HierarchicalSearchSpace
@@ -122,11 +128,13 @@ def run_demo(
             weight_decay=0.0,
             seed=seed,
         ),
-        config=ObjectiveConfig(latency_repeats=5, batch_size=32),
+        config=ObjectiveConfig(
+            latency_repeats=5, batch_size=32, max_batches_per_epoch=max_batches_per_epoch
+        ),
         seed=seed,
     )
     t0 = time.perf_counter()
-    losses = objective.train_supernet()
+    losses = objective.train_supernet(max_batches=max_batches_per_epoch)
     supernet_seconds = time.perf_counter() - t0
     out(
         f"supernet: {supernet_epochs} epochs x {paths_per_batch} paths per batch in "
@@ -139,7 +147,7 @@ def run_demo(
         study_name=name,
         direction="maximize",
         sampler=sampler or make_sampler("tpe", seed),
-        pruner=StagedPruner(demo_plan()),
+        pruner=StagedPruner(plan if plan is not None else demo_plan()),
     )
     t0 = time.perf_counter()
     study.optimize(objective, n_trials=n_trials, timeout=timeout)

@@ -70,6 +70,8 @@ class ObjectiveConfig:
         population_steps: Supernet training steps before each trial, with paths drawn from
             the live population (the last ``population_size`` finished trials).
         population_size: Size of that population.
+        skip_infeasible: Do not fine-tune a candidate that breaks a hard limit: it ends with
+            its inherited score (and its constraint values), no epochs spent.
     """
 
     objectives: tuple[str, ...] = ("accuracy",)
@@ -87,6 +89,7 @@ class ObjectiveConfig:
     on_nan: str = "fail"
     population_steps: int = 0
     population_size: int = 20
+    skip_infeasible: bool = True
 
     def __post_init__(self) -> None:
         objectives = tuple(self.objectives)
@@ -331,7 +334,7 @@ class SupernetObjective:
 
     def _costs(
         self, trial: optuna.Trial, arch: Architecture, model: nn.Module
-    ) -> dict[str, float]:
+    ) -> tuple[dict[str, float], bool]:
         shape = self.data.input_shape
         flops = float(count_flops(model, shape))
         params = float(count_parameters(model))
@@ -343,11 +346,14 @@ class SupernetObjective:
         trial.set_user_attr(_keys.OBJECTIVE_PREDICTED_LATENCY, predicted)
         latency = measured if self.config.latency == "measured" else predicted
         costs = {"flops": flops, "params": params, "latency": latency}
+        feasible = True
         for limit_name, cost_name in _LIMITS.items():
             limit = getattr(self.config, limit_name)
             if limit is not None:
-                trial.set_constraint(f"hpcnas.{limit_name}", costs[cost_name] / limit - 1.0)
-        return costs
+                excess = costs[cost_name] / limit - 1.0
+                trial.set_constraint(f"hpcnas.{limit_name}", excess)
+                feasible = feasible and excess <= 0
+        return costs, feasible
 
     def _value(self, accuracy: float, costs: dict[str, float]) -> float | tuple[float, ...]:
         cfg = self.config
@@ -363,9 +369,13 @@ class SupernetObjective:
     def _evaluate(self, trial: optuna.Trial, arch: Architecture) -> float | tuple[float, ...]:
         self._population_steps(trial)
         model = self.trainer.calibrated_subnet(arch, self.data.train)
-        costs = self._costs(trial, arch, model)
+        costs, feasible = self._costs(trial, arch, model)
         accuracy, _ = evaluate(model, self.data.valid)
         trial.set_user_attr(_keys.OBJECTIVE_INHERITED_ACCURACY, accuracy)
+        if not feasible and self.config.skip_infeasible:
+            trial.set_user_attr(_keys.OBJECTIVE_ACCURACY, accuracy)
+            trial.set_user_attr(_keys.OBJECTIVE_EPOCHS, 0)
+            return self._value(accuracy, costs)
         plan, report, total_epochs = self._plan_and_pruning(trial)
         maximize = (
             trial.study.direction == optuna.study.StudyDirection.MAXIMIZE if report else True

@@ -75,15 +75,18 @@ def optuna_hpcnas_arch(text: str) -> Any:
     return Architecture.from_json(text)
 
 
-def test_scalarised_value_and_hard_limits() -> None:
-    objective = _objective_for(_task(), flops_weight=0.01, max_flops=1.0, last_stage="quick")
+@pytest.mark.parametrize("skip,epochs", [(False, 1), (True, 0)])
+def test_scalarised_value_and_hard_limits(skip: bool, epochs: int) -> None:
+    objective = _objective_for(
+        _task(), flops_weight=0.01, max_flops=1.0, last_stage="quick", skip_infeasible=skip
+    )
     study = optuna.create_study(direction="maximize")
     study.optimize(objective, n_trials=2)
     for t in study.trials:
         ua = t.user_attrs
         expected = ua["accuracy"] + 0.01 * math.log(1.0 / max(ua["flops"], 1.0))
         assert t.value == pytest.approx(expected)
-        assert ua["epochs"] == 1
+        assert ua["epochs"] == epochs  # an infeasible candidate is not fine-tuned when skipped
         constraint = t.system_attrs["constraints:hpcnas.max_flops"]
         assert constraint == pytest.approx(ua["flops"] / 1.0 - 1.0)
 
