@@ -18,3 +18,29 @@ CHECKPOINT_MANIFEST_PREFIX = "hpcnas:checkpoints:manifest:"
 CHECKPOINT_PREEMPTED = "hpcnas:checkpoints:preempted"
 # Study system attribute per generation of P finished trials: top-k trial numbers and the rest.
 CHECKPOINT_GENERATION_PREFIX = "hpcnas:checkpoints:generation:"
+# StagedPruner (trial system attributes).
+PRUNER_STAGE_VALUE = "hpcnas:pruner:stage_value:"  # + stage name: the value a trial took there
+PRUNER_STAGE_REACHED = "hpcnas:pruner:stage_reached"
+PRUNER_REASON = "hpcnas:pruner:reason"
+PRUNER_EARLY_STOPPED = "hpcnas:pruner:early_stopped"  # epoch of a patience stop
+
+# SupernetObjective (trial user attributes: meant for people and dashboards).
+OBJECTIVE_ARCH = "arch"
+OBJECTIVE_ARCH_DESCRIPTION = "arch_description"
+OBJECTIVE_FLOPS = "flops"
+OBJECTIVE_PARAMS = "params"
+OBJECTIVE_LATENCY = "latency_s"
+OBJECTIVE_PREDICTED_LATENCY = "predicted_latency_s"
+OBJECTIVE_INHERITED_ACCURACY = "inherited_accuracy"
+OBJECTIVE_ACCURACY = "accuracy"
+OBJECTIVE_STAGE = "stage"
+OBJECTIVE_EPOCHS = "epochs"
+OBJECTIVE_FAIL_REASON = "fail_reason"
+OBJECTIVE_EARLY_STOPPED = "early_stopped"
+
+# Distributed evaluation (optuna_hpcnas.distributed).
+DISTRIBUTED_UTILISATION = "hpcnas:distributed:utilisation"  # study: per-rank time shares (JSON)
+DISTRIBUTED_GROUP = "hpcnas:distributed:group"  # trial: index of the evaluation group
+DISTRIBUTED_LAYOUT = "hpcnas:distributed:layout"  # trial: "dp x pp on N ranks, engine"
+DISTRIBUTED_INFEASIBLE = "hpcnas:distributed:infeasible"  # trial: why it was not run
+DISTRIBUTED_SYNC_BYTES = "hpcnas:distributed:sync_bytes"  # study: bytes moved by averaging

@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from collections.abc import Sequence
 from dataclasses import dataclass
+import importlib.util
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -55,6 +57,11 @@ class TaskData:
                     f"but got {type(getattr(self, split)).__name__}."
                 )
 
+    @property
+    def sizes(self) -> tuple[int, int, int]:
+        """Number of samples of the train, validation and test splits."""
+        return (len(self.train), len(self.valid), len(self.test))  # type: ignore[arg-type]
+
     def check(self) -> None:
         """Raise ``ValueError`` if a sample does not have ``input_shape`` or a valid label."""
         for split in ("train", "valid", "test"):
@@ -97,15 +104,11 @@ def load_digits_task(*, seed: int = 0, fractions: Sequence[float] = (0.6, 0.2, 0
     """scikit-learn's 1,797 8x8 digits as ``(1, 8, 8)`` images, standardised with the train
     statistics; a stratified split fixed by ``seed`` (60/20/20 by default).
     """
-    from sklearn.datasets import load_digits
-
     if len(fractions) != 3 or abs(sum(fractions) - 1.0) > 1e-9 or min(fractions) <= 0:
         raise ValueError(
             f"`fractions` is {tuple(fractions)}, but must be 3 positive values summing to 1."
         )
-    digits = load_digits()
-    images = digits.images.astype(np.float32)
-    labels = digits.target.astype(np.int64)
+    images, labels = _digits_arrays()
     train, valid, test = _split_indices(labels, fractions, seed)
     mean, std = float(images[train].mean()), float(images[train].std())
     x = torch.from_numpy((images - mean) / std).unsqueeze(1)
@@ -119,6 +122,22 @@ def load_digits_task(*, seed: int = 0, fractions: Sequence[float] = (0.6, 0.2, 0
         domain="image",
         name="digits",
     )
+
+
+def _digits_arrays() -> tuple[np.ndarray, np.ndarray]:
+    """The digits from scikit-learn's bundled CSV, read without importing scikit-learn
+    (seconds on a busy machine); ``sklearn.datasets.load_digits`` if the file moved.
+    """
+    spec = importlib.util.find_spec("sklearn")
+    if spec is not None and spec.origin is not None:
+        path = Path(spec.origin).parent / "datasets" / "data" / "digits.csv.gz"
+        if path.is_file():
+            raw = np.loadtxt(path, delimiter=",", dtype=np.float32)
+            return raw[:, :-1].reshape(-1, 8, 8), raw[:, -1].astype(np.int64)
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    return digits.images.astype(np.float32), digits.target.astype(np.int64)
 
 
 def make_sequence_task(

@@ -164,6 +164,10 @@ class SuperNet(nn.Module):
     def _op(self, index: int, name: str) -> SharedOp:
         cell = self.cells[index]
         assert isinstance(cell, nn.ModuleDict)
+        if name not in cell:
+            raise ValueError(
+                f"Cell {index} has no operator {name!r}; this supernet holds {sorted(cell)}."
+            )
         op = cell[name]
         assert isinstance(op, SharedOp)
         return op

@@ -175,3 +175,17 @@ def test_heads_must_divide_every_width() -> None:
     )
     with pytest.raises(ValueError, match="does not divide the width 6"):
         SuperNet(space, input_shape=(1, 4, 4), num_classes=2)
+
+
+def test_pooling_matches_torch_pooling() -> None:
+    from optuna_hpcnas.supernet._ops import PoolOp
+
+    x = torch.randn(2, 3, 5, 5)
+    cell = CellConfig("avgpool3x3")
+    avg = PoolOp("avg")(x, cell)
+    torch.testing.assert_close(
+        avg, torch.nn.functional.avg_pool2d(x, 3, 1, 1, count_include_pad=False)
+    )
+    mx = PoolOp("max")(x, cell)
+    torch.testing.assert_close(mx, torch.nn.functional.max_pool2d(x, 3, 1, 1))
+    assert mx.is_contiguous()
