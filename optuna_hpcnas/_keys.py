@@ -11,3 +11,15 @@ SEARCH_SPACE = "hpcnas:search_space:definition"
 
 # Constraint names (through ``trial.set_constraint``; Optuna prefixes them itself).
 CLUSTER_RANKS_CONSTRAINT = "hpcnas.cluster_ranks"
+
+# --- operations (CLI, dashboard, metrics) -------------------------------------------------
+# Trial user attributes shown by optuna-dashboard (plain names: users read them in the UI).
+USER_ARCHITECTURE = "architecture"  # Architecture.to_dict()
+USER_ARCHITECTURE_SUMMARY = "architecture_summary"  # Architecture.describe()
+USER_FLOPS = "flops"
+USER_PARAMS = "params"
+USER_LATENCY = "latency_s"  # seconds
+USER_STAGE = "stage"
+# Study system attributes.
+RUN_N_TRIALS = "hpcnas:run:n_trials"  # the trial target of the search, for progress
+RUN_UTILISATION = "hpcnas:run:utilisation"  # {"<rank>": compute share in [0, 1]}
