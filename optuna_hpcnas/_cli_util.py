@@ -164,6 +164,24 @@ class ProgressReporter:
         if self._bar is not None:
             self._bar.close()
 
+    def _study_created(self) -> bool:
+        # Read-only look first: opening an RDBStorage creates the schema, which would race
+        # with the runner creating it.
+        import sqlalchemy
+
+        engine = sqlalchemy.create_engine(self._storage)
+        try:
+            if not sqlalchemy.inspect(engine).has_table("studies"):
+                return False
+            with engine.connect() as conn:
+                found = conn.execute(
+                    sqlalchemy.text("SELECT 1 FROM studies WHERE study_name = :n"),
+                    {"n": self._study_name},
+                ).first()
+            return found is not None
+        finally:
+            engine.dispose()
+
     def _loop(self) -> None:
         import optuna
 
@@ -171,11 +189,10 @@ class ProgressReporter:
         while True:
             stopping = self._stop.is_set()
             try:
-                if study is None:
+                if study is None and self._study_created():
                     study = optuna.load_study(study_name=self._study_name, storage=self._storage)
-                self.poll(study)
-            except KeyError:
-                pass  # the runner has not created the study yet
+                if study is not None:
+                    self.poll(study)
             except Exception as e:  # keep the search alive whatever the display does
                 _logger.debug("Progress poll failed: %s", e)
             if stopping:
