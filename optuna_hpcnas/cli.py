@@ -322,9 +322,19 @@ def _cmd_export(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     from optuna_hpcnas._export import export_architecture
 
-    written = export_architecture(
-        study, trial, arch, out, onnx=not args.no_onnx, input_shape=args.input_shape
-    )
+    try:
+        written = export_architecture(
+            study,
+            trial,
+            arch,
+            out,
+            onnx=not args.no_onnx,
+            input_shape=args.input_shape,
+            num_classes=args.num_classes,
+            weights=args.weights,
+        )
+    except (ValueError, FileNotFoundError) as e:
+        raise CLIError(str(e)) from e
     print(f"exported trial {trial.number}: {arch.describe()}")
     for path, what in written:
         print(f"  {path}  {what}")
@@ -544,8 +554,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--input-shape",
         type=lambda s: tuple(int(x) for x in s.split(",")),
-        help="example input shape without batch, e.g. 1,8,8 (default: from the study)",
+        help="input shape without batch, e.g. 1,8,8 (default: the built-in task of the domain)",
     )
+    p.add_argument("--num-classes", type=int, help="classes of the head (default: the task's)")
+    p.add_argument("--weights", help="supernet state_dict file (torch.save) to inherit from")
 
     p = sub.add_parser("dashboard", help="optuna-dashboard on the study's storage")
     _add_study_args(p)

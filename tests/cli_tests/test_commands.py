@@ -116,19 +116,39 @@ def test_errors_are_short_and_mask_passwords(
     assert code == 2 and "does not exist" in err
 
 
-def test_export_writes_the_architecture(
+def test_export_module_runs_without_our_code(
     single_study: tuple[str, optuna.Study], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    torch = pytest.importorskip("torch")
+    from optuna_hpcnas import HierarchicalSearchSpace
+    from optuna_hpcnas.supernet import SuperNet
+
     sqlite_url, study = single_study
+    space = HierarchicalSearchSpace.from_study(study)
+    assert space is not None
+    # Supernet weights that differ from the initial ones, as after training.
+    net = SuperNet(space, input_shape=(1, 8, 8), num_classes=10, seed=7)
+    torch.save(net.state_dict(), tmp_path / "supernet.pt")
     out_dir = tmp_path / "export"
-    code, out, _ = _run(capsys, "export", "--storage", sqlite_url, "--out", str(out_dir))
-    assert code == 0
+    code, out, _ = _run(
+        capsys, "export", "--storage", sqlite_url, "--out", str(out_dir),
+        "--weights", str(tmp_path / "supernet.pt"),
+    )  # fmt: skip
+    assert code == 0 and "model.pt2" in out
     meta = json.loads((out_dir / "architecture.json").read_text())
     assert meta["trial"] == study.best_trial.number
     arch = Architecture.from_dict(meta["architecture"])
     assert arch.describe() == study.best_trial.user_attrs["architecture_summary"]
-    code, _, err = _run(capsys, "export", "--storage", sqlite_url, "--trial", "3")
-    assert code == 2 and "not a completed trial" in err  # trial 3 was pruned
+    assert arch == space.from_params(study.best_trial.params)
+    x = torch.randn(5, 1, 8, 8)
+    expected = net.eval().subnet(arch).eval()(x)
+    program = torch.export.load(str(out_dir / "model.pt2")).module()
+    torch.testing.assert_close(program(x), expected, rtol=1e-4, atol=1e-5)
+    if "model.onnx" in out:
+        onnx = pytest.importorskip("onnx")
+        model = onnx.load(str(out_dir / "model.onnx"))
+        onnx.checker.check_model(model)
+        assert [i.name for i in model.graph.input] == ["input"]
 
 
 def test_template_writes_the_committed_files(
@@ -182,3 +202,10 @@ def test_cli_import_stays_light() -> None:
         env={**os.environ, "PYTHONPATH": str(REPO)},
     )
     assert proc.stdout.strip() == "[]", proc.stderr
+
+
+def test_export_refuses_a_pruned_trial(
+    single_study: tuple[str, optuna.Study], capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = _run(capsys, "export", "--storage", single_study[0], "--trial", "3")
+    assert code == 2 and "not a completed trial" in err  # trial 3 was pruned
