@@ -22,4 +22,11 @@ USER_LATENCY = "latency_s"  # seconds
 USER_STAGE = "stage"
 # Study system attributes.
 RUN_N_TRIALS = "hpcnas:run:n_trials"  # the trial target of the search, for progress
-RUN_UTILISATION = "hpcnas:run:utilisation"  # {"<rank>": compute share in [0, 1]}
+
+# Distributed evaluation (optuna_hpcnas.distributed).
+DISTRIBUTED_UTILISATION = "hpcnas:distributed:utilisation"  # study: per-rank time shares (JSON)
+DISTRIBUTED_RUNS = "hpcnas:distributed:runs"  # study: number of finished run_search calls
+DISTRIBUTED_GROUP = "hpcnas:distributed:group"  # trial: index of the evaluation group
+DISTRIBUTED_LAYOUT = "hpcnas:distributed:layout"  # trial: "dp x pp on N ranks, engine"
+DISTRIBUTED_INFEASIBLE = "hpcnas:distributed:infeasible"  # trial: why it was not run
+DISTRIBUTED_SYNC_BYTES = "hpcnas:distributed:sync_bytes"  # study: bytes moved by averaging

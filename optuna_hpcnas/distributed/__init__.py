@@ -1,0 +1,58 @@
+"""Distributed evaluation: MPI evaluation groups, DeepSpeed engines, scheduling, averaging.
+
+Launch: ``mpirun -n N python -m mpi4py -m optuna_hpcnas run --config nas.toml`` (or
+``python -m mpi4py -m optuna_hpcnas.distributed --config nas.toml``). Importing this package
+imports neither torch, deepspeed nor mpi4py; the functions that need them import them.
+"""
+
+from __future__ import annotations
+
+from optuna_hpcnas.distributed._config import DistributedConfig
+from optuna_hpcnas.distributed._groups import assign_groups
+from optuna_hpcnas.distributed._groups import EvaluationGroup
+from optuna_hpcnas.distributed._groups import form_groups
+from optuna_hpcnas.distributed._groups import Placement
+from optuna_hpcnas.distributed._groups import rank_context
+from optuna_hpcnas.distributed._groups import RankContext
+from optuna_hpcnas.distributed._protocol import GroupChannel
+from optuna_hpcnas.distributed._protocol import GroupError
+from optuna_hpcnas.distributed._protocol import Stop
+from optuna_hpcnas.distributed._protocol import TrialTask
+from optuna_hpcnas.distributed._runner import run_search
+from optuna_hpcnas.distributed._runner import utilisation_from_study
+from optuna_hpcnas.distributed._scheduler import DynamicScheduler
+from optuna_hpcnas.distributed._scheduler import RoundRobinScheduler
+from optuna_hpcnas.distributed._scheduler import simulate
+from optuna_hpcnas.distributed._scheduler import SimulatedClock
+from optuna_hpcnas.distributed._scheduler import SimulationResult
+from optuna_hpcnas.distributed._scheduler import Task
+from optuna_hpcnas.distributed._scheduler import WallClock
+from optuna_hpcnas.distributed._utilisation import CATEGORIES
+from optuna_hpcnas.distributed._utilisation import RankUtilisation
+from optuna_hpcnas.distributed._utilisation import UtilisationTracker
+
+__all__ = [
+    "CATEGORIES",
+    "DistributedConfig",
+    "DynamicScheduler",
+    "EvaluationGroup",
+    "GroupChannel",
+    "GroupError",
+    "Placement",
+    "RankContext",
+    "RankUtilisation",
+    "RoundRobinScheduler",
+    "SimulatedClock",
+    "SimulationResult",
+    "Stop",
+    "Task",
+    "TrialTask",
+    "UtilisationTracker",
+    "WallClock",
+    "assign_groups",
+    "form_groups",
+    "rank_context",
+    "run_search",
+    "simulate",
+    "utilisation_from_study",
+]

@@ -1,0 +1,99 @@
+"""``DistributedConfig``: the ``[distributed]`` table of a run configuration."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+ENGINES = ("auto", "deepspeed")
+PRECISIONS = ("fp32", "bf16", "fp16")
+BACKENDS = ("auto", "gloo", "nccl")
+SHM_OP = ("skip", "build")
+COMPRESSIONS = ("none", "powersgd")
+SCHEDULERS = ("dynamic", "cost_aware")
+
+
+def _int(name: str, value: Any, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"`{name}` must be an int, but got {value!r}.")
+    if value < minimum:
+        raise ValueError(f"`{name}` is {value}, but must be >= {minimum}.")
+
+
+def _choice(name: str, value: Any, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ValueError(f"`{name}` is {value!r}, but must be one of {list(allowed)}.")
+
+
+@dataclass(frozen=True)
+class DistributedConfig:
+    """How the MPI job is cut into evaluation groups and how each group trains.
+
+    Args:
+        group_size: Ranks per evaluation group (node-local first). A candidate whose
+            ``data_parallel * pipeline_stages`` exceeds its group is infeasible.
+        sync_interval: Trials a group finishes between two averaging rounds of the shared
+            supernet weights across groups; 0 never averages.
+        compression: ``"none"`` or ``"powersgd"`` (low-rank, error feedback) for averaging.
+        powersgd_rank: Rank of the PowerSGD factorisation.
+        zero_stage: DeepSpeed ZeRO stage (0-1 with pipelines, 0-3 without).
+        precision: ``"fp32"``, ``"bf16"`` (fp32 weights, bf16 autocast) or ``"fp16"`` (GPU).
+        engine: ``"auto"`` (plain PyTorch when dp = pp = 1, DeepSpeed otherwise) or
+            ``"deepspeed"`` (always).
+        backend: torch.distributed backend: ``"auto"`` (gloo on CPU, NCCL on GPU).
+        master_addr: Rendezvous address of a group's torch world; empty: 127.0.0.1 when the
+            group is on one node, else the leader's host address.
+        master_port: First rendezvous port (each new world uses the next); 0 picks free ports.
+        collective_timeout_s: Timeout of torch.distributed collectives (seconds).
+        shm_op: ``"skip"`` DeepSpeed's shared-memory op (no ~50 s compile) or ``"build"`` it.
+        pipeline_micro_batches: Micro-batches per pipeline step (0: 2 x stages).
+        scheduler: ``"dynamic"`` (idle leader asks the study) or ``"cost_aware"`` (the leader
+            asks ``lookahead`` candidates and runs the one with the most predicted FLOPs
+            first).
+        lookahead: Candidates the cost-aware scheduler considers.
+    """
+
+    group_size: int = 1
+    sync_interval: int = 1
+    compression: str = "none"
+    powersgd_rank: int = 4
+    zero_stage: int = 0
+    precision: str = "fp32"
+    engine: str = "auto"
+    backend: str = "auto"
+    master_addr: str = ""
+    master_port: int = 0
+    collective_timeout_s: float = 300.0
+    shm_op: str = "skip"
+    pipeline_micro_batches: int = 0
+    scheduler: str = "dynamic"
+    lookahead: int = 4
+
+    def __post_init__(self) -> None:
+        _int("group_size", self.group_size, 1)
+        _int("sync_interval", self.sync_interval, 0)
+        _choice("compression", self.compression, COMPRESSIONS)
+        _int("powersgd_rank", self.powersgd_rank, 1)
+        _int("zero_stage", self.zero_stage, 0)
+        if self.zero_stage > 3:
+            raise ValueError(f"`zero_stage` is {self.zero_stage}, but must be 0, 1, 2 or 3.")
+        _choice("precision", self.precision, PRECISIONS)
+        _choice("engine", self.engine, ENGINES)
+        _choice("backend", self.backend, BACKENDS)
+        if not isinstance(self.master_addr, str):
+            raise TypeError(f"`master_addr` must be a string, but got {self.master_addr!r}.")
+        _int("master_port", self.master_port, 0)
+        if isinstance(self.collective_timeout_s, bool) or not isinstance(
+            self.collective_timeout_s, (int, float)
+        ):
+            raise TypeError(
+                f"`collective_timeout_s` must be a number, but got {self.collective_timeout_s!r}."
+            )
+        if self.collective_timeout_s <= 0:
+            raise ValueError(
+                f"`collective_timeout_s` is {self.collective_timeout_s}, but must be > 0."
+            )
+        _choice("shm_op", self.shm_op, SHM_OP)
+        _int("pipeline_micro_batches", self.pipeline_micro_batches, 0)
+        _choice("scheduler", self.scheduler, SCHEDULERS)
+        _int("lookahead", self.lookahead, 1)

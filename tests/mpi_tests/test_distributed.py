@@ -1,0 +1,189 @@
+"""Evaluation groups, DeepSpeed engines and the search loop under a real ``mpirun``.
+
+Every test launches ``mpirun -n N python -m mpi4py ...`` (oversubscribed on 2 cores); several
+checks share one launch because each rank pays torch and DeepSpeed imports. DeepSpeed's
+shared-memory op is skipped (``[distributed] shm_op = "skip"``, the default), so no test
+compiles anything.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+import sqlite3
+
+import optuna
+import pytest
+
+from optuna_hpcnas import _keys
+from tests.mpi_helpers import run_mpi
+
+pytestmark = pytest.mark.mpi
+SCRIPTS = Path(__file__).parent / "scripts"
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _result(stdout: str) -> list[dict]:
+    lines = [line for line in stdout.splitlines() if line.startswith("RESULT ")]
+    assert lines, stdout
+    return json.loads(lines[-1][len("RESULT ") :])
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_group_formation_and_leader_protocol(n: int) -> None:
+    proc = run_mpi(n, [str(SCRIPTS / "groups_check.py")], timeout=90, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    ranks = _result(proc.stdout)
+    assert len(ranks) == n
+    for size in (1, 2, 4):
+        effective = min(size, n)
+        records = [r[str(size)] for r in ranks]
+        # consecutive ranks of one node form each group; rank 0 of each group leads
+        assert [r["index"] for r in records] == [w // effective for w in range(n)]
+        assert all(r["num_groups"] == n // effective for r in records)
+        assert [r["group_rank"] for r in records] == [w % effective for w in range(n)]
+        assert all(r["sizes"] == [effective] * (n // effective) for r in records)
+        assert all(r["single_node"] and r["node"] == 0 for r in records)
+        assert [r["local_rank"] for r in records] == list(range(n))
+        for w, r in enumerate(records):
+            leader = w % effective == 0
+            assert r["leader"] is leader
+            assert r["leaders"] == (n // effective if leader else None)
+            # one node: every leader is in the node-level communicator, one in the cross-node one
+            assert r["node_leaders"] == (n // effective if leader else None)
+            assert r["cross_node"] == (1 if w == 0 else None)
+            assert r["shared"] == {"group": r["index"], "from": w - w % effective}
+            # the leader's error reaches every rank of its group, and only that group
+            if leader:
+                assert r["error"] == f"ValueError: boom in group {r['index']}"
+            else:
+                assert r["error"].startswith("GroupError: The leader of evaluation group")
+                assert f"boom in group {r['index']}" in r["error"]
+            assert r["after"] == "still alive"
+
+
+def test_pipeline_2_by_data_2_trains_and_replicas_stay_equal() -> None:
+    proc = run_mpi(4, [str(SCRIPTS / "engine_check.py")], timeout=150, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ranks = sorted(_result(proc.stdout), key=lambda r: r["rank"])
+    pipes = [r["pipeline"] for r in ranks]
+    assert all(p["kind"] == "pipeline" for p in pipes)
+    # topology: rank = stage * dp + replica
+    assert [(p["stage"], p["replica"]) for p in pipes] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    # each stage holds its own layers; the two data-parallel replicas of a stage are equal
+    assert set(pipes[0]["local"]) == set(pipes[1]["local"]) == {"0", "1", "2"}
+    assert set(pipes[2]["local"]) == set(pipes[3]["local"]) == {"3", "4"}
+    assert pipes[0]["local"] == pipes[1]["local"]
+    assert pipes[2]["local"] == pipes[3]["local"]
+    # it trains: the loss goes down and the weighted layers moved
+    losses = pipes[0]["losses"]
+    assert sum(losses[-3:]) < sum(losses[:3])
+    assert pipes[0]["changed"] == [True, False, True, False, True]
+    # after copy-back and broadcast from the stage owners every rank holds the trained net
+    assert all(p["after_sync"] == pipes[0]["after_sync"] for p in pipes)
+    # the world was re-formed with 2 ranks for a ZeRO-3 data-parallel engine
+    assert "zero3" not in ranks[2] and "zero3" not in ranks[3]
+    z3 = ranks[0]["zero3"]
+    assert z3["kind"] == "data"
+    assert sum(z3["losses"][-3:]) < sum(z3["losses"][:3])
+    assert z3["changed"] == [True, False, True, False, True]
+
+
+def test_exception_on_one_rank_ends_every_rank(tmp_path: Path) -> None:
+    config = tmp_path / "nas.toml"
+    config.write_text(
+        f"""
+[study]
+name = "abort"
+storage = "sqlite:///{tmp_path / "abort.db"}"
+n_trials = 2
+[space]
+overrides = {{ data_parallel = [2] }}
+[training]
+epochs = 1
+steps_per_epoch = 2
+supernet_steps = 1
+[distributed]
+group_size = 2
+collective_timeout_s = 600
+"""
+    )
+    # rank 0 waits in a gloo all-reduce for rank 1, which raised: without the abort it would
+    # sit there for the 600 s collective timeout, past this test's subprocess timeout
+    proc = run_mpi(2, [str(SCRIPTS / "abort_check.py"), str(config)], timeout=90, cwd=REPO)
+    assert proc.returncode != 0
+    assert "injected failure on rank 1" in proc.stderr
+    assert "NOT REACHED" not in proc.stdout
+
+
+def test_four_rank_search_two_groups_one_study(tmp_path: Path) -> None:
+    db = tmp_path / "nas.db"
+    config = tmp_path / "nas.toml"
+    n_trials = 10
+    config.write_text(
+        f"""
+[study]
+name = "mpi-search"
+storage = "sqlite:///{db}"
+n_trials = {n_trials}
+[space]
+preset = "digits-small"
+overrides = {{ data_parallel = [1, 2], pipeline_stages = [1, 2] }}
+[sampler]
+name = "random"
+seed = 3
+[training]
+epochs = 2
+steps_per_epoch = 3
+supernet_steps = 2
+[distributed]
+group_size = 2
+sync_interval = 1
+"""
+    )
+    proc = run_mpi(
+        4, ["-m", "optuna_hpcnas.distributed", "--config", str(config)], timeout=180, cwd=REPO
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    study = optuna.load_study(study_name="mpi-search", storage=f"sqlite:///{db}")
+    trials = study.get_trials(deepcopy=False)
+    # exactly the budget: none lost, none extra, each number once, all finished
+    assert sorted(t.number for t in trials) == list(range(n_trials))
+    assert all(t.state == optuna.trial.TrialState.COMPLETE for t in trials)
+    with sqlite3.connect(db) as conn:
+        ids = [row[0] for row in conn.execute("SELECT trial_id FROM trials")]
+    assert len(ids) == len(set(ids)) == n_trials
+    feasible = [
+        t
+        for t in trials
+        if t.params["cluster.data_parallel"] * t.params["cluster.pipeline_stages"] <= 2
+    ]
+    infeasible = [t for t in trials if t not in feasible]
+    # both groups evaluated trials; infeasible layouts were not run but reported as such
+    assert {t.system_attrs[_keys.DISTRIBUTED_GROUP] for t in feasible} == {0, 1}
+    assert infeasible, "seed 3 draws dp=2 x pp=2 at least once"
+    constraint_key = f"constraints:{_keys.CLUSTER_RANKS_CONSTRAINT}"
+    for t in infeasible:
+        assert t.system_attrs[constraint_key] == 2.0
+        assert t.values == [float("-inf")]
+        assert _keys.DISTRIBUTED_GROUP not in t.system_attrs
+    # the sampler moved on: feasible trials came after the first infeasible one
+    assert max(t.number for t in feasible) > min(t.number for t in infeasible)
+    for t in feasible:
+        assert t.system_attrs[constraint_key] <= 0 if constraint_key in t.system_attrs else True
+        assert 0.0 <= t.values[0] <= 1.0
+        dp = t.params["cluster.data_parallel"]
+        pp = t.params["cluster.pipeline_stages"]
+        engine = "plain" if dp * pp == 1 else "deepspeed"
+        assert t.system_attrs[_keys.DISTRIBUTED_LAYOUT] == f"dp{dp}xpp{pp} on 2 ranks ({engine})"
+    # utilisation of every rank stored in the study; averaging moved bytes between groups
+    attrs = study._storage.get_study_system_attrs(study._study_id)
+    runs = json.loads(attrs[_keys.DISTRIBUTED_UTILISATION])
+    assert len(runs) == 1
+    ranks = runs[0]["ranks"]
+    assert sorted(r["rank"] for r in ranks) == [0, 1, 2, 3]
+    for r in ranks:
+        assert sum(r["shares"].values()) == pytest.approx(1.0, abs=1e-6)
+        assert r["shares"]["compute"] > 0
+    assert attrs[_keys.DISTRIBUTED_SYNC_BYTES] > 0
+    assert sum(r["trials"] for r in ranks) == len(feasible)
