@@ -6,6 +6,7 @@ progress lines, and ``--set key=value`` parsing.
 from __future__ import annotations
 
 from collections.abc import Sequence
+import datetime
 import logging
 import os
 import re
@@ -127,8 +128,17 @@ def format_duration(seconds: float) -> str:
 
 
 class ProgressReporter:
-    """Follow a study from the storage in a background thread: a progress bar on a TTY,
-    a plain log line per finished trial otherwise. Run it on rank 0 only.
+    """Follow a study from the storage in a background thread (rank 0 only).
+
+    Shows a progress bar on a TTY and a plain log line per finished trial otherwise, and,
+    given a ``SearchMetrics``, keeps its study-wide series (trials by state, progress, best,
+    evaluation seconds of every finished trial) up to date for ``/metrics``. Reading the
+    storage keeps it independent of how the trials are run (one process or MPI groups).
+
+    Args:
+        n_trials: The run's trial budget; the total shown is the larger of it and the number
+            of trials in the study (a resumed run enqueues its budget on top of old trials).
+            ``None``: no total.
     """
 
     def __init__(
@@ -140,6 +150,8 @@ class ProgressReporter:
         interval: float = 2.0,
         stream: TextIO | None = None,
         tty: bool | None = None,
+        display: bool = True,
+        metrics: Any = None,
     ) -> None:
         self._storage = storage
         self._study_name = study_name
@@ -147,10 +159,14 @@ class ProgressReporter:
         self._interval = interval
         self._stream = stream if stream is not None else sys.stderr
         self._tty = self._stream.isatty() if tty is None else tty
+        self._display = display
+        self._metrics = metrics
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._seen: set[int] = set()
+        self._seen: set[int] | None = None
         self._bar: Any = None
+        # Optuna stores naive local datetimes.
+        self._started = datetime.datetime.now()
 
     def start(self) -> ProgressReporter:
         self._thread = threading.Thread(target=self._loop, name="hpcnas-progress", daemon=True)
@@ -202,30 +218,51 @@ class ProgressReporter:
     def poll(self, study: Any) -> None:
         """Report the trials that finished since the last poll."""
         trials = study.get_trials(deepcopy=False)
-        finished = [t for t in trials if t.state.is_finished() and t.number not in self._seen]
+        seen = self._seen if self._seen is not None else set()
+        finished = [t for t in trials if t.state.is_finished() and t.number not in seen]
+        # Trials that finished before this reporter started are counted, not reported.
+        new = [
+            t
+            for t in finished
+            if t.datetime_complete is None or t.datetime_complete >= self._started
+        ]
         done = sum(1 for t in trials if t.state.is_finished())
-        if self._tty:
+        total = max(self._n_trials, len(trials)) if self._n_trials else None
+        if self._metrics is not None:
+            for t in new:
+                self._observe(t)
+            self._metrics.update_from_study(study, n_trials=total)
+        if self._display and self._tty:
             if self._bar is None:
                 from tqdm.auto import tqdm
 
-                self._bar = tqdm(total=self._n_trials, file=self._stream, unit="trial")
+                self._bar = tqdm(total=total, file=self._stream, unit="trial")
+            self._bar.total = total
             self._bar.n = done
             best = _best_text(study)
             if best:
                 self._bar.set_postfix_str(best, refresh=False)
             self._bar.refresh()
-        else:
-            for t in sorted(finished, key=lambda t: t.number):
-                target = f"/{self._n_trials}" if self._n_trials else ""
-                values = (
-                    "" if t.values is None else " values=" + ",".join(f"{v:.6g}" for v in t.values)
-                )
+        elif self._display:
+            for t in sorted(new, key=lambda t: t.number):
+                target = f"/{total}" if total else ""
+                values = ""
+                if t.values is not None:
+                    values = " values=" + ",".join(f"{v:.6g}" for v in t.values)
                 self._stream.write(
                     f"{time.strftime('%H:%M:%S')} trial {t.number} {t.state.name}{values} "
                     f"[{done}{target} finished] {_best_text(study)}\n"
                 )
             self._stream.flush()
-        self._seen.update(t.number for t in finished)
+        seen.update(t.number for t in finished)
+        self._seen = seen
+
+    def _observe(self, trial: Any) -> None:
+        if trial.datetime_start is None or trial.datetime_complete is None:
+            return
+        seconds = max(0.0, (trial.datetime_complete - trial.datetime_start).total_seconds())
+        group = trial.system_attrs.get("hpcnas:distributed:group", 0)
+        self._metrics.trial_finished(trial.state, seconds, rank=int(group))
 
 
 def _best_text(study: Any) -> str:

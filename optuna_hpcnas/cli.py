@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
-import inspect
 import json
 import logging
 import os
@@ -149,6 +148,8 @@ def study_status(study: optuna.Study) -> dict[str, Any]:
         by_state[t.state.name] += 1
     finished = [t for t in trials if t.state.is_finished()]
     target = attrs.get(_keys.RUN_N_TRIALS)
+    if target is None and by_state["WAITING"]:
+        target = len(trials)  # the runner enqueues its whole budget as WAITING trials
     starts = [t.datetime_start for t in trials if t.datetime_start is not None]
     ends = [t.datetime_complete for t in finished if t.datetime_complete is not None]
     durations = [
@@ -176,9 +177,15 @@ def study_status(study: optuna.Study) -> dict[str, Any]:
         out["mean_concurrency"] = (sum(durations) / elapsed) if elapsed > 0 else None
         out["trials_per_minute"] = (len(finished) / elapsed * 60) if elapsed > 0 else None
         out["mean_evaluation_seconds"] = (sum(durations) / len(durations)) if durations else None
-    utilisation = attrs.get(_keys.RUN_UTILISATION)
-    if isinstance(utilisation, dict):
-        out["utilisation"] = {str(k): float(v) for k, v in utilisation.items()}
+    runs = attrs.get(_keys.DISTRIBUTED_UTILISATION)
+    if isinstance(runs, str):
+        runs = json.loads(runs)
+    if isinstance(runs, list) and runs and isinstance(runs[-1], dict):
+        # The last run_search call's per-rank share of wall time spent computing.
+        out["utilisation"] = {
+            str(r.get("rank", i)): float(r.get("shares", {}).get("compute", 0.0))
+            for i, r in enumerate(runs[-1].get("ranks", []))
+        }
     completed = [t for t in trials if t.state == TrialState.COMPLETE]
     if completed:
         if len(study.directions) == 1:
@@ -440,11 +447,38 @@ def _config_get(config: Any, *path: str) -> Any:
     return node
 
 
+def _bcast(value: Any) -> Any:
+    """Rank 0's ``value`` on every rank (only rank 0 reads the storage before the run)."""
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is None or mpi.COMM_WORLD.Get_size() == 1:
+        return value
+    return mpi.COMM_WORLD.bcast(value, root=0)
+
+
+def _remaining_budget(storage: str, name: str) -> tuple[str | None, int]:
+    """``(error, number of WAITING trials)`` of the study to resume."""
+    import optuna
+    from optuna.trial import TrialState
+
+    try:
+        names = [s.study_name for s in optuna.study.get_all_study_summaries(storage=storage)]
+    except Exception as e:
+        return f"cannot open storage {mask_url(storage)}: {type(e).__name__}", 0
+    if name not in names:
+        return (
+            f"no study {name!r} to resume in {mask_url(storage)} (studies there: "
+            f"{names or 'none'}); start it with `hpcnas run`"
+        ), 0
+    study = optuna.load_study(study_name=name, storage=storage)
+    return None, len(study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
+
+
 def _cmd_run(args: argparse.Namespace, *, resume: bool) -> int:
     rank, size = mpi_rank_and_size()
     try:
-        from optuna_hpcnas.config import load_config  # type: ignore[import-not-found,unused-ignore]
-        from optuna_hpcnas.config import run_search  # type: ignore[import-not-found,unused-ignore]
+        from optuna_hpcnas.config import ConfigError
+        from optuna_hpcnas.config import load_config
+        from optuna_hpcnas.distributed import run_search
     except ImportError as e:
         raise CLIError(f"`hpcnas {args.command}` needs the search runner: {e}") from e
     try:
@@ -459,46 +493,86 @@ def _cmd_run(args: argparse.Namespace, *, resume: bool) -> int:
         overrides["study.name"] = args.study_name
     try:
         config = load_config(args.config, overrides=overrides or None)
-    except FileNotFoundError:
-        raise CLIError(f"config file {args.config!r} does not exist") from None
-    except (ValueError, TypeError, KeyError) as e:
+    except ConfigError as e:
         raise CLIError(f"{args.config}: {e}") from None
-    storage = _config_get(config, "study", "storage")
-    name = _config_get(config, "study", "name")
-    n_trials = _config_get(config, "study", "n_trials")
-    if resume and storage and name:
-        import optuna
+    storage = config.study.resolved_storage()
+    name = config.study.name
+    if resume:
+        if storage is None:
+            raise CLIError("resume needs a storage: [study] storage, --storage or OPTUNA_STORAGE")
+        error, waiting = _bcast(_remaining_budget(storage, name) if rank == 0 else None)
+        if error:
+            raise CLIError(error)
+        if waiting == 0:
+            if rank == 0:
+                print(f"study {name!r} has no trial left to run; see `hpcnas status`")
+            return 0
+        # Run exactly the trials the stopped job left in the queue.
+        from optuna_hpcnas.config import with_overrides
 
-        names = [s.study_name for s in optuna.study.get_all_study_summaries(storage=storage)]
-        if name not in names:
-            raise CLIError(
-                f"no study {name!r} to resume in {mask_url(str(storage))}; start it with "
-                "`hpcnas run`"
-            )
-    reporter = None
-    if rank == 0 and storage:
+        config = with_overrides(config, study={"n_trials": waiting})
+    metrics_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if metrics_dir:
+        Path(metrics_dir).mkdir(parents=True, exist_ok=True)
+    reporter = server = None
+    if rank == 0:
         _logger.info(
             "%s study %r on %s with %d process(es)",
             "Resuming" if resume else "Running",
             name,
-            mask_url(str(storage)),
+            mask_url(storage) if storage else "in-memory storage",
             size,
         )
-        warn_if_sqlite_shared(str(storage), n_processes=size)
-        if name and not args.no_progress:
+        if storage:
+            warn_if_sqlite_shared(storage, n_processes=size)
+        metrics = None
+        if config.metrics.enabled:
+            from optuna_hpcnas.metrics import SearchMetrics
+            from optuna_hpcnas.metrics import serve_metrics
+
+            metrics = SearchMetrics()
+            server = serve_metrics(metrics, port=config.metrics.port, host=config.metrics.host)
+        if storage and (metrics is not None or not args.no_progress):
             reporter = ProgressReporter(
-                str(storage), str(name), n_trials=n_trials if isinstance(n_trials, int) else None
+                storage,
+                name,
+                n_trials=config.study.n_trials,
+                display=not args.no_progress,
+                metrics=metrics,
             ).start()
-    kwargs: dict[str, Any] = {}
-    params = inspect.signature(run_search).parameters
-    if "resume" in params:
-        kwargs["resume"] = resume
     try:
-        run_search(config, **kwargs)
+        run_search(config)
     finally:
         if reporter is not None:
             reporter.stop()
+        if server is not None:
+            server.close()
+    if rank == 0 and storage:
+        _finish_message(storage, name, list(config.objective.metrics))
     return 0
+
+
+def _finish_message(storage: str, name: str, metric_names: list[str]) -> None:
+    import optuna
+
+    study = optuna.load_study(study_name=name, storage=storage)
+    try:
+        from optuna_hpcnas.dashboard import prepare_study
+        from optuna_hpcnas.dashboard import save_dashboard_plots
+
+        prepare_study(study, metric_names)
+        save_dashboard_plots(study)
+    except ImportError:
+        pass
+    info = study_status(study)
+    states = ", ".join(f"{v} {k.lower()}" for k, v in info["by_state"].items() if v)
+    print(f"study {name!r}: {states}")
+    if "best" in info:
+        b = info["best"]
+        print(f"best: trial {b['trial']} {b['values'][0]:.6g}  {b['architecture']}")
+    flag = "" if os.environ.get(STORAGE_ENV) == storage else f" --storage {mask_url(storage)}"
+    print(f"next: hpcnas best{flag} --study-name {name}")
+    print(f"      hpcnas dashboard{flag}")
 
 
 # ---------------------------------------------------------------------------- parser

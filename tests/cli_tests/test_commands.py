@@ -27,8 +27,10 @@ def test_status_text_and_json(
 ) -> None:
     sqlite_url, study = single_study
     study._storage.set_study_system_attr(study._study_id, "hpcnas:run:n_trials", 20)
+    runs = [{"ranks": [{"rank": 0, "shares": {"compute": 0.97}}, {"rank": 1, "shares": {
+        "compute": 0.9}}]}]  # fmt: skip
     study._storage.set_study_system_attr(
-        study._study_id, "hpcnas:run:utilisation", {"0": 0.97, "1": 0.9}
+        study._study_id, "hpcnas:distributed:utilisation", json.dumps(runs)
     )
     code, out, _ = _run(capsys, "status", "--storage", sqlite_url)
     assert code == 0
