@@ -11,3 +11,7 @@ SEARCH_SPACE = "hpcnas:search_space:definition"
 
 # Constraint names (through ``trial.set_constraint``; Optuna prefixes them itself).
 CLUSTER_RANKS_CONSTRAINT = "hpcnas.cluster_ranks"
+
+# QUBOSampler (optuna_hpcnas.samplers.QUBOSampler): trial system attribute with the sampling
+# facts of one ask (fit/solve time, BQM size, feasibility rate, fallback).
+QUBO_INFO = "hpcnas:qubo:info"

@@ -159,10 +159,10 @@ class BayesianQuadratic(Surrogate):
         shared = x @ x.T
         va, vb, noise = self._hyperparameters(shared, y, float(x.sum(axis=1).mean()))
         k = va * shared + vb * shared * (shared - 1.0) / 2.0 + noise * np.eye(n_obs)
-        target = y
+        target: np.ndarray = y
         if self._thompson:
             # Matheron's rule: prior draw, corrected by the posterior update of its residual.
-            lin0 = rng.normal(0.0, math.sqrt(va), n)
+            lin0: np.ndarray = np.asarray(rng.normal(0.0, math.sqrt(va), n))
             quad0 = np.triu(rng.normal(0.0, math.sqrt(vb), (n, n)), 1)
             prior_at_data = x @ lin0 + np.einsum("ki,ij,kj->k", x, quad0, x)
             target = y - prior_at_data - rng.normal(0.0, math.sqrt(noise), n_obs)
