@@ -11,3 +11,8 @@ SEARCH_SPACE = "hpcnas:search_space:definition"
 
 # Constraint names (through ``trial.set_constraint``; Optuna prefixes them itself).
 CLUSTER_RANKS_CONSTRAINT = "hpcnas.cluster_ranks"
+
+# EvolutionarySampler (trial system attributes).
+EVOLUTION_ORIGIN = "hpcnas:evolution:origin"
+"""How a trial's parameters were made: ``{"operation", "parent", "second_parent", "level",
+"params"}``; ``params`` lets other workers see a running child before its parameters land."""
