@@ -103,7 +103,8 @@ class EvolutionarySampler(BaseSampler):
 
     Args:
         population_size: Number of newest finished trials that form the population (>= 2).
-        tournament_size: Trials drawn per tournament (1 <= S <= ``population_size``).
+        tournament_size: Trials drawn per tournament (1 <= S <= ``population_size``; default
+            ``max(2, population_size // 4)``).
         crossover_prob: Probability that a child is a crossover of two tournament winners
             (then mutated).
         mutation_scale: Standard deviation of numerical moves, as a fraction of the range.
@@ -135,7 +136,7 @@ class EvolutionarySampler(BaseSampler):
         self,
         *,
         population_size: int = 20,
-        tournament_size: int = 5,
+        tournament_size: int | None = None,
         crossover_prob: float = 0.0,
         mutation_scale: float = 0.1,
         level_weights: Mapping[str | Level, float] | None = None,
@@ -146,6 +147,8 @@ class EvolutionarySampler(BaseSampler):
         seed: int | None = None,
     ) -> None:
         self._population_size = _check_int("population_size", population_size, 2)
+        if tournament_size is None:
+            tournament_size = max(2, self._population_size // 4)
         self._tournament_size = _check_int("tournament_size", tournament_size, 1)
         if self._tournament_size > self._population_size:
             raise ValueError(
