@@ -26,3 +26,18 @@ __all__ = [
     "OperatorSpec",
     "__version__",
 ]
+
+
+# Lazy public names backed by torch (``import optuna_hpcnas`` must not import torch).
+_LAZY = {
+    "SuperNet": "optuna_hpcnas.supernet",
+    "SupernetObjective": "optuna_hpcnas.evaluation",
+}
+
+
+def __getattr__(name: str) -> object:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'optuna_hpcnas' has no attribute {name!r}")

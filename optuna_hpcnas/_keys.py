@@ -15,3 +15,8 @@ CLUSTER_RANKS_CONSTRAINT = "hpcnas.cluster_ranks"
 # QUBOSampler (optuna_hpcnas.samplers.QUBOSampler): trial system attribute with the sampling
 # facts of one ask (fit/solve time, BQM size, feasibility rate, fallback).
 QUBO_INFO = "hpcnas:qubo:info"
+
+# EvolutionarySampler (trial system attributes).
+EVOLUTION_ORIGIN = "hpcnas:evolution:origin"
+"""How a trial's parameters were made: ``{"operation", "parent", "second_parent", "level",
+"params"}``; ``params`` lets other workers see a running child before its parameters land."""

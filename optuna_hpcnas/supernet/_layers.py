@@ -1,0 +1,178 @@
+"""Stem, head and cell wrappers: the layers a subnet is made of, in execution order.
+
+A subnet is ``Sequential(stem, cell_0, ..., cell_{n-1}, head)``; every layer takes and returns
+one tensor, so the sequence can be cut anywhere into pipeline stages. The macro topology is
+flattened as follows:
+
+* ``chain``: ``x_{i+1} = op_i(x_i)``.
+* ``residual``: ``x_{i+1} = op_i(x_i) + x_i`` (the narrower tensor zero-padded to the wider).
+* ``dense``: cell ``i`` sees every earlier state ``x_0 .. x_i`` (``x_0`` is the stem output):
+  a 1x1 projection of their concatenation to the width of ``x_i``, then ``op_i``. The layer
+  carries the running concatenation ``[x_0, ..., x_{i+1}]`` forward; the last cell returns
+  ``x_n`` alone.
+
+Cell 0 of a dense net has a single earlier state and no projection.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+import torch.nn.functional as F
+
+from optuna_hpcnas.search_space import CellConfig
+from optuna_hpcnas.supernet._ops import _copy_bn
+from optuna_hpcnas.supernet._ops import _copy_ln
+from optuna_hpcnas.supernet._ops import IMAGE
+from optuna_hpcnas.supernet._ops import SharedOp
+from optuna_hpcnas.supernet._ops import sliced_batch_norm
+from optuna_hpcnas.supernet._ops import sliced_layer_norm
+
+
+def padded_add(a: torch.Tensor, b: torch.Tensor, dim: int) -> torch.Tensor:
+    """``a + b`` where the narrower tensor (along ``dim``) is zero-padded to the wider."""
+    ca, cb = a.shape[dim], b.shape[dim]
+    if ca == cb:
+        return a + b
+    if ca < cb:
+        a, b = b, a
+    narrow = b.shape[dim]
+    if dim in (1, -3) and a.dim() == 4:
+        head = a[:, :narrow] + b
+        return torch.cat([head, a[:, narrow:]], dim=1)
+    head = a[..., :narrow] + b
+    return torch.cat([head, a[..., narrow:]], dim=-1)
+
+
+class Stem(nn.Module):
+    """Images: 3x3 conv-BN-ReLU to ``channels``; sequences: linear embedding + positions."""
+
+    def __init__(self, input_shape: Sequence[int], channels: int, domain: str) -> None:
+        super().__init__()
+        self.domain = domain
+        self.input_shape = tuple(int(s) for s in input_shape)
+        if domain == IMAGE:
+            self.conv = nn.Conv2d(self.input_shape[0], channels, 3, padding=1, bias=False)
+            nn.init.kaiming_normal_(self.conv.weight, mode="fan_in", nonlinearity="relu")
+            self.bn = nn.BatchNorm2d(channels)
+        else:
+            length, features = self.input_shape
+            self.embed = nn.Linear(features, channels)
+            self.position = nn.Parameter(torch.randn(length, channels) * 0.02)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.domain == IMAGE:
+            return F.relu(self.bn(self.conv(x)))
+        return self.embed(x) + self.position
+
+
+class SharedHead(nn.Module):
+    """Global average pooling, then a linear classifier sliced to the input width."""
+
+    def __init__(self, channels: int, num_classes: int, domain: str) -> None:
+        super().__init__()
+        self.domain = domain
+        self.norm = nn.LayerNorm(channels) if domain != IMAGE else None
+        self.fc = nn.Linear(channels, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.domain == IMAGE:
+            pooled = x.mean(dim=(2, 3))
+        else:
+            assert self.norm is not None
+            pooled = sliced_layer_norm(x, self.norm).mean(dim=1)
+        c = pooled.shape[1]
+        return F.linear(pooled, self.fc.weight[:, :c], self.fc.bias)
+
+    def export(self, c_in: int) -> SharedHead:
+        out = SharedHead(c_in, self.fc.out_features, self.domain)
+        with torch.no_grad():
+            out.fc.weight.copy_(self.fc.weight[:, :c_in])
+            out.fc.bias.copy_(self.fc.bias)
+            if self.norm is not None and out.norm is not None:
+                _copy_ln(self.norm, out.norm, c_in)
+        return out
+
+
+class DenseProjection(nn.Module):
+    """1x1 projection of the concatenated earlier states (each at most ``channels`` wide).
+
+    The shared weight reserves ``channels`` input columns per earlier state; a state of width
+    ``c_j`` uses the first ``c_j`` columns of its block.
+    """
+
+    def __init__(self, num_inputs: int, channels: int, domain: str) -> None:
+        super().__init__()
+        self.domain, self.channels, self.num_inputs = domain, channels, num_inputs
+        self.weight = nn.Parameter(torch.empty(channels, num_inputs * channels))
+        nn.init.kaiming_normal_(self.weight, mode="fan_in", nonlinearity="relu")
+        self.norm: nn.Module = (
+            nn.BatchNorm2d(channels) if domain == IMAGE else nn.LayerNorm(channels)
+        )
+
+    def _weight(self, widths: Sequence[int], c_out: int) -> torch.Tensor:
+        blocks = [
+            self.weight[:c_out, j * self.channels : j * self.channels + c]
+            for j, c in enumerate(widths)
+        ]
+        return torch.cat(blocks, dim=1)
+
+    def project(self, x: torch.Tensor, widths: Sequence[int], c_out: int) -> torch.Tensor:
+        w = self._weight(widths, c_out)
+        if self.domain == IMAGE:
+            y = F.conv2d(x, w[:, :, None, None])
+            assert isinstance(self.norm, nn.BatchNorm2d)
+            return F.relu(sliced_batch_norm(y, self.norm))
+        assert isinstance(self.norm, nn.LayerNorm)
+        return F.relu(sliced_layer_norm(F.linear(x, w), self.norm))
+
+    def export(self, widths: Sequence[int], c_out: int) -> DenseProjection:
+        out = DenseProjection(1, c_out, self.domain)
+        out.weight = nn.Parameter(self._weight(widths, c_out).detach().clone())
+        out.channels = sum(widths)
+        if isinstance(self.norm, nn.BatchNorm2d):
+            _copy_bn(self.norm, out.norm, c_out)
+        else:
+            assert isinstance(self.norm, nn.LayerNorm) and isinstance(out.norm, nn.LayerNorm)
+            _copy_ln(self.norm, out.norm, c_out)
+        return out
+
+
+class CellLayer(nn.Module):
+    """One cell of a subnet with its place in the topology (see the module docstring)."""
+
+    def __init__(
+        self,
+        op: SharedOp,
+        cell: CellConfig,
+        *,
+        topology: str,
+        domain: str,
+        widths_before: Sequence[int] = (),
+        projection: DenseProjection | None = None,
+        last: bool = False,
+    ) -> None:
+        super().__init__()
+        self.op = op
+        self.cell = cell
+        self.topology = topology
+        self.dim = 1 if domain == IMAGE else -1
+        self.widths_before = tuple(widths_before)
+        self.projection = projection
+        self.last = last
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.topology == "chain":
+            return self.op(x, self.cell)
+        if self.topology == "residual":
+            return padded_add(self.op(x, self.cell), x, self.dim)
+        # Dense: x is the concatenation of the earlier states.
+        if self.projection is not None:
+            c_last = self.widths_before[-1]
+            h = self.projection.project(x, [x.shape[self.dim]], c_last)
+        else:
+            h = x
+        y = self.op(h, self.cell)
+        return y if self.last else torch.cat([x, y], dim=self.dim)

@@ -1,0 +1,107 @@
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from optuna_hpcnas import Architecture
+from optuna_hpcnas import CellConfig
+from optuna_hpcnas import HierarchicalSearchSpace
+from optuna_hpcnas.data import load_digits_task
+from optuna_hpcnas.data import make_sequence_task
+from optuna_hpcnas.data import TaskData
+from optuna_hpcnas.evaluation import count_flops
+from optuna_hpcnas.evaluation import ScratchTrainingConfig
+from optuna_hpcnas.evaluation import train_from_scratch
+
+
+@pytest.fixture(scope="module")
+def digits() -> TaskData:
+    return load_digits_task()
+
+
+def test_digits_split_is_fixed_disjoint_and_stratified(digits: TaskData) -> None:
+    again = load_digits_task()
+    other = load_digits_task(seed=1)
+    xs = [d.tensors[0] for d in (digits.train, digits.valid, digits.test)]  # type: ignore[attr-defined]
+    assert sum(len(x) for x in xs) == 1797
+    torch.testing.assert_close(again.valid.tensors[0], xs[1])  # type: ignore[attr-defined]
+    assert not torch.equal(other.valid.tensors[0], xs[1])  # type: ignore[attr-defined]
+    rows = [{tuple(r.flatten().tolist()) for r in x} for x in xs]
+    assert not rows[1] & rows[2]
+    labels = digits.valid.tensors[1]  # type: ignore[attr-defined]
+    counts = torch.bincount(labels, minlength=10)
+    assert counts.min() >= 33 and counts.max() <= 38
+    digits.check()
+
+
+def test_sequence_task_is_learnable_shape(digits: TaskData) -> None:
+    task = make_sequence_task(num_samples=200, length=12, features=4, num_classes=3, seed=2)
+    x, y = task.train[0]
+    assert tuple(x.shape) == (12, 4) == task.input_shape
+    assert task.domain == "sequence" and 0 <= int(y) < 3
+    with pytest.raises(ValueError, match="motif_length"):
+        make_sequence_task(length=3, motif_length=4)
+
+
+def test_task_check_reports_wrong_shapes() -> None:
+    ds = torch.utils.data.TensorDataset(torch.zeros(4, 1, 7, 7), torch.zeros(4, dtype=torch.long))
+    task = TaskData(ds, ds, ds, input_shape=(1, 8, 8), num_classes=10)
+    with pytest.raises(ValueError, match=r"shape \(1, 7, 7\)"):
+        task.check()
+
+
+def test_train_from_scratch_is_deterministic_and_measures(digits: TaskData) -> None:
+    space = HierarchicalSearchSpace.preset("digits-small")
+    arch = Architecture(
+        "residual",
+        (
+            CellConfig("conv3x3", kernel=3, width=16),
+            CellConfig("maxpool3x3", kernel=3),
+            CellConfig("sepconv3x3", kernel=3, width=32),
+        ),
+    )
+    a = train_from_scratch(space, arch, digits, epochs=1, seed=3, latency_repeats=2)
+    b = train_from_scratch(space, arch, digits, epochs=1, seed=3, latency_repeats=2)
+    for key in ("valid_accuracy", "valid_loss", "test_accuracy", "flops", "params"):
+        assert a[key] == b[key], key
+    assert a["valid_accuracy"] > 0.3  # far above chance after one epoch
+    assert a["latency_s"] > 0 and a["flops"] > 0 and a["params"] > 0
+    c = train_from_scratch(space, arch, digits, epochs=1, seed=4, latency_repeats=0)
+    assert c["valid_loss"] != a["valid_loss"] and np.isnan(c["latency_s"])
+    small = Architecture("chain", (CellConfig("identity"),) * 3)
+    d = train_from_scratch(space, small, digits, epochs=0, latency_repeats=0)
+    assert d["flops"] < a["flops"] and d["params"] < a["params"]
+
+
+def test_flops_count_a_known_convolution() -> None:
+    conv = torch.nn.Conv2d(2, 4, 3, padding=1, bias=False)
+    assert count_flops(conv, (2, 5, 5)) == 2 * 4 * 2 * 9 * 25
+
+
+def test_data_that_does_not_fit_the_space_fails_before_training(digits: TaskData) -> None:
+    space = HierarchicalSearchSpace.preset("digits-small")
+    arch = next(iter(space.enumerate()))
+    seq = make_sequence_task(num_samples=100, num_classes=2)
+    with pytest.raises(ValueError, match="sequence"):
+        train_from_scratch(space, arch, seq, epochs=1)
+
+
+def test_scratch_config_validates() -> None:
+    assert ScratchTrainingConfig(**{"epochs": 2, "lr": 0.1}).epochs == 2
+    with pytest.raises(ValueError, match="lr"):
+        ScratchTrainingConfig(lr=-1.0)
+    with pytest.raises(TypeError, match="epochs"):
+        ScratchTrainingConfig(epochs=1.5)  # type: ignore[arg-type]
+
+
+def test_lazy_top_level_names_do_not_import_torch_eagerly() -> None:
+    code = (
+        "import sys, optuna_hpcnas; assert 'torch' not in sys.modules; "
+        "net = optuna_hpcnas.SuperNet; assert 'torch' in sys.modules; print(net.__name__)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "SuperNet"
