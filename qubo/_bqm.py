@@ -165,6 +165,10 @@ class QUBOProblem:
                 )
             combos.append(bits)
         self._forbidden = tuple(dict.fromkeys(combos))
+        self._starts = np.array([encoding.slice(g).start for g in range(len(encoding.names))])
+        self._single = np.array([c[0] for c in self._forbidden if len(c) == 1], dtype=int)
+        pairs = np.array([c for c in self._forbidden if len(c) == 2], dtype=int).reshape(-1, 2)
+        self._pair_a, self._pair_b = pairs[:, 0], pairs[:, 1]
         self._budgets = tuple(budgets)
         self._costs = np.zeros((len(self._budgets), n))
         for k, budget in enumerate(self._budgets):
@@ -211,19 +215,23 @@ class QUBOProblem:
         """The cost of ``bits`` under every budget (rows for 2-D input)."""
         return np.asarray(bits, dtype=float) @ self._costs.T
 
-    def n_violations(self, bits: np.ndarray) -> int:
-        """One-hot groups not exactly set, plus forbidden combinations present, plus budgets
-        exceeded."""
-        x = np.asarray(bits)
-        count = sum(
-            int(x[self._encoding.slice(g)].sum() != 1) for g in range(len(self._encoding.names))
-        )
-        count += sum(1 for combo in self._forbidden if all(x[b] for b in combo))
-        count += int(np.sum(self.costs(x) > self._limits + 1e-9 * np.abs(self._limits)))
-        return count
+    def n_violations(self, bits: np.ndarray) -> np.ndarray:
+        """Per code (row of ``bits``): one-hot groups not exactly set, plus forbidden
+        combinations present, plus budgets exceeded. A 1-D input gives a 0-d array."""
+        x = np.asarray(bits, dtype=np.int64)
+        sums = np.add.reduceat(x, self._starts, axis=-1)
+        count = np.sum(sums != 1, axis=-1)
+        if len(self._single):
+            count = count + x[..., self._single].sum(axis=-1)
+        if len(self._pair_a):
+            count = count + (x[..., self._pair_a] * x[..., self._pair_b]).sum(axis=-1)
+        if len(self._budgets):
+            over = self.costs(x) > self._limits + 1e-9 * np.abs(self._limits)
+            count = count + over.sum(axis=-1)
+        return np.asarray(count)
 
     def is_feasible(self, bits: np.ndarray) -> bool:
-        return self.n_violations(bits) == 0
+        return bool(self.n_violations(bits) == 0)
 
     def group_penalties(self, row: np.ndarray) -> np.ndarray:
         """One-hot penalty per group from absolute row sums ``row`` (see module docstring)."""
@@ -272,9 +280,8 @@ class QUBOProblem:
                     share = weight / (len(on) * (len(on) - 1) / 2.0)
                     quad[np.ix_(on, on)] += np.triu(np.full((len(on), len(on)), share), 1)
         bqm = dimod.BinaryQuadraticModel(dimod.BINARY)
-        bqm.add_linear_from((i, float(linear[i])) for i in range(n))
-        rows, cols = np.nonzero(quad)
-        bqm.add_quadratic_from((int(i), int(j), float(quad[i, j])) for i, j in zip(rows, cols))
+        bqm.add_linear_from_array(linear.tolist())
+        bqm.add_quadratic_from_dense(quad)
         self._add_budgets(bqm, max(swing, 1e-6))
         row = self._row_sums(bqm, n)
         for combo in self._forbidden:
@@ -328,54 +335,54 @@ class QUBOProblem:
 
     @staticmethod
     def _row_sums(bqm: dimod.BinaryQuadraticModel, n: int) -> np.ndarray:
-        row = np.zeros(n)
-        for v, bias in bqm.iter_linear():
+        """Absolute row sums (linear + couplings) of the code bits ``0 .. n - 1``."""
+        order = list(bqm.variables)
+        position = np.full(len(order), -1)
+        for k, v in enumerate(order):
             if isinstance(v, (int, np.integer)) and 0 <= v < n:
-                row[int(v)] += abs(float(bias))
-        for u, v, bias in bqm.iter_quadratic():
-            for w in (u, v):
-                if isinstance(w, (int, np.integer)) and 0 <= w < n:
-                    row[int(w)] += abs(float(bias))
-        return row
+                position[k] = int(v)
+        vectors = bqm.to_numpy_vectors(variable_order=order)
+        ldata = vectors.linear_biases
+        irow, icol, qdata = vectors.quadratic
+        row = np.zeros(n + 1)  # the last slot collects slack variables
+        np.add.at(row, position, np.abs(ldata))
+        np.add.at(row, position[irow], np.abs(qdata))
+        np.add.at(row, position[icol], np.abs(qdata))
+        return row[:n]
 
-    def penalised_energy(
-        self, model: QuadraticModel, bits: np.ndarray
-    ) -> tuple[int, float, float]:
-        """A lexicographic score for repairs: violations, budget excess, model energy."""
-        x = np.asarray(bits)
-        excess = float(np.maximum(self.costs(x) - self._limits, 0.0).sum())
-        return self.n_violations(x), excess, float(model.energy(x))
+    def penalised_energy(self, model: QuadraticModel, bits: np.ndarray) -> np.ndarray:
+        """Repair scores per code: ``violations * big + budget excess * big' + energy`` as
+        columns (violations, excess, energy) for lexicographic comparison."""
+        x = np.atleast_2d(np.asarray(bits))
+        excess = np.maximum(self.costs(x) - self._limits, 0.0).sum(axis=-1)
+        return np.stack([self.n_violations(x), excess, model.energy(x)], axis=-1)
 
     def repair(self, bits: np.ndarray, model: QuadraticModel, max_passes: int = 5) -> np.ndarray:
         """A code near ``bits``: one bit per group first, then group-wise descent on
-        ``penalised_energy``. The result may still be infeasible; check ``is_feasible``."""
+        ``penalised_energy`` (fewest violations, then least budget excess, then lowest
+        energy). The result may still be infeasible; check ``is_feasible``."""
         enc = self._encoding
         x = np.asarray(bits, dtype=np.uint8)[: enc.n_bits].copy()
         sym = model.quadratic + model.quadratic.T
         for g in range(len(enc.names)):
             s = enc.slice(g)
             if x[s].sum() != 1:
-                candidates = (
-                    np.flatnonzero(x[s]) if x[s].sum() > 1 else np.arange(s.stop - s.start)
-                )
+                ones = np.flatnonzero(x[s])
+                candidates = ones if len(ones) > 1 else np.arange(s.stop - s.start)
                 x[s] = 0
                 local = model.linear[s] + sym[s] @ x
                 x[s.start + int(candidates[np.argmin(local[candidates])])] = 1
-        best = self.penalised_energy(model, x)
+        best = tuple(self.penalised_energy(model, x)[0])
         for _ in range(max_passes):
             improved = False
             for g in range(len(enc.names)):
                 s = enc.slice(g)
-                current = s.start + int(np.flatnonzero(x[s])[0])
-                for bit in range(s.start, s.stop):
-                    if bit == current:
-                        continue
-                    x[current], x[bit] = 0, 1
-                    score = self.penalised_energy(model, x)
-                    if score < best:
-                        best, current, improved = score, bit, True
-                    else:
-                        x[bit], x[current] = 0, 1
+                options = np.repeat(x[None, :], s.stop - s.start, axis=0)
+                options[:, s] = np.eye(s.stop - s.start, dtype=np.uint8)
+                scores = [tuple(row) for row in self.penalised_energy(model, options)]
+                k = min(range(len(scores)), key=scores.__getitem__)
+                if scores[k] < best:
+                    best, x, improved = scores[k], options[k], True
             if not improved:
                 break
         return x

@@ -57,7 +57,7 @@ def solve(
     evaluated_penalty: float = 0.0,
     num_reads: int = 32,
     seed: int | None = None,
-    max_repairs: int = 16,
+    max_repairs: int = 8,
     sampler_kwargs: Mapping[str, Any] | None = None,
 ) -> Solution:
     """Build the BQM of ``model``, sample it and decode.
@@ -89,7 +89,7 @@ def solve(
     raw = samples[:, columns].astype(np.uint8)
     if "num_occurrences" in sampleset.record.dtype.names:
         raw = np.repeat(raw, sampleset.record.num_occurrences, axis=0)
-    feasible = np.array([problem.is_feasible(x) for x in raw], dtype=bool)
+    feasible = problem.n_violations(raw) == 0 if len(raw) else np.zeros(0, dtype=bool)
     seen = {np.asarray(c, dtype=np.uint8).tobytes() for c in evaluated}
     kept: dict[bytes, np.ndarray] = {}
     for x in raw[feasible]:

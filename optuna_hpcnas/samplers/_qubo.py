@@ -241,6 +241,8 @@ class QUBOSampler(BaseSampler):
         self._independent = independent_sampler or RandomSampler(seed=seed)
         self._intersection = IntersectionSearchSpace()
         self._space_cache: tuple[str, HierarchicalSearchSpace] | None = None
+        # Codes of finished trials for the current layout; finished params never change.
+        self._code_cache: tuple[Any, dict[int, np.ndarray | None]] = (None, {})
 
     def reseed_rng(self) -> None:
         self._seed = int(np.random.default_rng().integers(2**31))
@@ -393,10 +395,25 @@ class QUBOSampler(BaseSampler):
         )
         codes, values, busy = [], [], []
         sign = -1.0 if study.direction == StudyDirection.MAXIMIZE else 1.0
+        key = (
+            id(study._storage),
+            study._study_id,
+            layout.encoding.names,
+            layout.encoding.groups,
+            layout.problem.forbidden,
+        )
+        if self._code_cache[0] != key:
+            self._code_cache = (key, {})
+        cache = self._code_cache[1]
         for t in trials:
             if t.number == trial.number:
                 continue
-            bits = layout.encode(t.params)
+            if t._trial_id in cache:
+                bits = cache[t._trial_id]
+            else:
+                bits = layout.encode(t.params)
+                if t.state == TrialState.COMPLETE:
+                    cache[t._trial_id] = bits
             if bits is None:
                 continue
             if t.state == TrialState.COMPLETE and t.value is not None and math.isfinite(t.value):
