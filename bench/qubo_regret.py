@@ -43,6 +43,7 @@ from qubo import LinearBudget
 
 TABLE = Path(__file__).parent / "data" / "digits_small.parquet"
 CHECKPOINTS = (25, 50, 100)
+Factory = Callable[[int, tuple[LinearBudget, ...]], optuna.samplers.BaseSampler]
 
 
 class Problem:
@@ -67,9 +68,7 @@ class Quadratic(Problem):
         self.names = [f"g{i}" for i in range(groups)]
         self.values = list(range(values))
         self.lin = rng.normal(0, 1, (groups, values))
-        self.quad = np.triu(
-            rng.normal(0, 1, (groups, groups, values, values)).transpose(0, 1, 2, 3)
-        )
+        # Pairwise interactions between different groups only (strictly upper triangle).
         self.quad = (
             rng.normal(0, 1, (groups, groups, values, values))
             * np.triu(np.ones((groups, groups)), 1)[:, :, None, None]
@@ -128,19 +127,33 @@ class Digits(Problem):
         return self.table[self.space.suggest(trial).to_json()]
 
 
-def samplers() -> dict[str, Callable[[int], optuna.samplers.BaseSampler]]:
+def variants() -> dict[str, Factory]:
+    """QUBOSampler settings for ablations (``--samplers QUBO-bayes,QUBO-penalty0,...``)."""
+    from qubo import BayesianQuadratic
+
     return {
-        "QUBO-bayes": lambda s: QUBOSampler(seed=s),
-        "QUBO-fm": lambda s: QUBOSampler(seed=s, surrogate="fm"),
-        "Random": lambda s: optuna.samplers.RandomSampler(seed=s),
-        "TPE": lambda s: optuna.samplers.TPESampler(seed=s),
-        "Evolution": lambda s: EvolutionarySampler(seed=s),
+        "QUBO-penalty0": lambda s, b: QUBOSampler(seed=s, budgets=b, evaluated_penalty=0.0),
+        "QUBO-penalty1": lambda s, b: QUBOSampler(seed=s, budgets=b, evaluated_penalty=1.0),
+        "QUBO-mean": lambda s, b: QUBOSampler(
+            seed=s, budgets=b, surrogate=BayesianQuadratic(thompson=False)
+        ),
+        "QUBO-startup5": lambda s, b: QUBOSampler(seed=s, budgets=b, n_startup_trials=5),
+        "QUBO-startup20": lambda s, b: QUBOSampler(seed=s, budgets=b, n_startup_trials=20),
+        "QUBO-reads128": lambda s, b: QUBOSampler(seed=s, budgets=b, num_reads=128),
     }
 
 
-def run(
-    problem: Problem, make: Callable[[int], optuna.samplers.BaseSampler], seed: int, n: int
-) -> dict[str, Any]:
+def samplers() -> dict[str, Factory]:
+    return {
+        "QUBO-bayes": lambda s, b: QUBOSampler(seed=s, budgets=b),
+        "QUBO-fm": lambda s, b: QUBOSampler(seed=s, budgets=b, surrogate="fm"),
+        "Random": lambda s, b: optuna.samplers.RandomSampler(seed=s),
+        "TPE": lambda s, b: optuna.samplers.TPESampler(seed=s),
+        "Evolution": lambda s, b: EvolutionarySampler(seed=s),
+    }
+
+
+def run(problem: Problem, make: Factory, seed: int, n: int) -> dict[str, Any]:
     sampler = make(seed)
     if isinstance(sampler, QUBOSampler) and problem.budgets:
         sampler = QUBOSampler(
@@ -169,12 +182,8 @@ def run(
     }
 
 
-def ms_per_ask(
-    problem: Problem, make: Callable[[int], optuna.samplers.BaseSampler], n: int, repeats: int = 5
-) -> float:
-    sampler = make(0)
-    if isinstance(sampler, QUBOSampler) and problem.budgets:
-        sampler = QUBOSampler(seed=0, surrogate=sampler._surrogate, budgets=problem.budgets)
+def ms_per_ask(problem: Problem, make: Factory, n: int, repeats: int = 5) -> float:
+    sampler = make(0, problem.budgets)
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
     study.optimize(problem.objective, n_trials=n)
     study.sampler = sampler
@@ -206,7 +215,8 @@ def main() -> None:
     args = parser.parse_args()
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-    chosen = {k: v for k, v in samplers().items() if k in args.samplers.split(",")}
+    known = {**samplers(), **variants()}
+    chosen = {k: known[k] for k in args.samplers.split(",")}
     raw: dict[str, Any] = {}
     for pname in args.problems.split(","):
         if pname == "digits-small" and not TABLE.exists():
