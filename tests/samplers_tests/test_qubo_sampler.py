@@ -192,3 +192,17 @@ def test_empty_space_and_bad_arguments() -> None:
         QUBOSampler(solver=object())  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="`discretize_floats` is 1"):
         QUBOSampler(discretize_floats=1)
+
+
+def test_sampler_module_imports_without_dimod() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.modules['dimod'] = None\n"
+        "from optuna_hpcnas.samplers import QUBOSampler\n"
+        "QUBOSampler(seed=0)\n"
+        "print('dwave' in sys.modules, 'torch' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False False"
