@@ -30,3 +30,12 @@ DISTRIBUTED_GROUP = "hpcnas:distributed:group"  # trial: index of the evaluation
 DISTRIBUTED_LAYOUT = "hpcnas:distributed:layout"  # trial: "dp x pp on N ranks, engine"
 DISTRIBUTED_INFEASIBLE = "hpcnas:distributed:infeasible"  # trial: why it was not run
 DISTRIBUTED_SYNC_BYTES = "hpcnas:distributed:sync_bytes"  # study: bytes moved by averaging
+
+# QUBOSampler (optuna_hpcnas.samplers.QUBOSampler): trial system attribute with the sampling
+# facts of one ask (fit/solve time, BQM size, feasibility rate, fallback).
+QUBO_INFO = "hpcnas:qubo:info"
+
+# EvolutionarySampler (trial system attributes).
+EVOLUTION_ORIGIN = "hpcnas:evolution:origin"
+"""How a trial's parameters were made: ``{"operation", "parent", "second_parent", "level",
+"params"}``; ``params`` lets other workers see a running child before its parameters land."""
