@@ -107,13 +107,28 @@ def _pareto_mask(points: Sequence[tuple[float, ...]], maximize: Sequence[bool]) 
     return mask
 
 
+def _feasible(trial: FrozenTrial) -> bool:
+    """No violated constraint (``trial.set_constraint`` or a ``constraints_func``)."""
+    for key, value in trial.system_attrs.items():
+        if not key.startswith("constraints"):
+            continue
+        values = value if isinstance(value, (list, tuple)) else [value]
+        if any(float(v) > 0 for v in values):
+            return False
+    return True
+
+
 def plot_pareto_front(study: optuna.Study) -> go.Figure | None:
     """The Pareto front of the first two objectives, or of the objective against FLOPs
     (user attribute ``flops``) in a single-objective study; ``None`` without the data.
+
+    Trials that violate a constraint are drawn apart and never on the front.
     """
     import plotly.graph_objects as go
 
-    trials = [t for t in study.get_trials(deepcopy=False) if t.state == TrialState.COMPLETE]
+    complete = [t for t in study.get_trials(deepcopy=False) if t.state == TrialState.COMPLETE]
+    trials = [t for t in complete if _feasible(t)]
+    infeasible = [t for t in complete if not _feasible(t)]
     names = _objective_names(study)
     maximize = [d == StudyDirection.MAXIMIZE for d in study.directions]
     if len(study.directions) >= 2:
@@ -131,6 +146,18 @@ def plot_pareto_front(study: optuna.Study) -> go.Figure | None:
         return None
     mask = _pareto_mask(points, flags)
     fig = go.Figure()
+    if infeasible and len(study.directions) >= 2:
+        fig.add_trace(
+            go.Scatter(
+                x=[t.values[0] for t in infeasible],
+                y=[t.values[1] for t in infeasible],
+                mode="markers",
+                name="infeasible",
+                marker={"size": 7, "symbol": "x", "color": "lightgray"},
+                text=[f"trial {t.number}: {_summary(t)}" for t in infeasible],
+                hovertemplate="%{text}<br>%{x}, %{y}<extra></extra>",
+            )
+        )
     for on_front, label, size in ((False, "dominated", 7), (True, "Pareto front", 11)):
         idx = [i for i, m in enumerate(mask) if m == on_front]
         if on_front:

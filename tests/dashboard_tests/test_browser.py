@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 import os
 from pathlib import Path
+import runpy
 import shutil
 import socket
 import subprocess
@@ -16,9 +17,9 @@ import sys
 import time
 import urllib.request
 
+import optuna
 import pytest
 
-from tests.cli_tests.conftest import make_study
 from tests.conftest import services_required
 
 REPO = Path(__file__).resolve().parents[2]
@@ -52,10 +53,25 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _demo_study(url: str) -> optuna.Study:
+    """A reduced run of examples/hardware_aware.py: real training, measured latency."""
+    argv = sys.argv
+    sys.argv = ["hardware_aware.py", "--trials", "4", "--epochs", "1", "--storage", url,
+                "--study-name", "demo"]  # fmt: skip
+    try:
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        runpy.run_path(str(REPO / "examples" / "hardware_aware.py"), run_name="__main__")
+    finally:
+        sys.argv = argv
+    return optuna.load_study(study_name="demo", storage=url)
+
+
 @pytest.fixture
-def dashboard(tmp_path: Path) -> Iterator[tuple[str, object]]:
+def dashboard(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Iterator[tuple[str, object]]:
+    _chromium()  # skip before the search when there is no browser
     url = f"sqlite:///{tmp_path / 'demo.db'}"
-    study = make_study(url, "demo", multi=True, n_trials=10)
+    study = _demo_study(url)
+    capsys.readouterr()
     port = _free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "optuna_hpcnas", "dashboard", "--storage", url,
@@ -104,7 +120,7 @@ def test_dashboard_shows_trials_and_custom_plots(
         "--dump-dom", "--window-size=1400,2200", f"--screenshot={shot}",
     )  # fmt: skip
     # The two plots saved with save_plotly_graph_object are rendered by plotly in the page.
-    assert "Pareto front: accuracy vs flops" in page
+    assert "Pareto front: accuracy vs latency_s" in page
     assert "Search trajectory: accuracy" in page
     assert "demo" in page
     best = study.best_trials[0]  # type: ignore[attr-defined]
@@ -117,6 +133,6 @@ def test_dashboard_shows_trials_and_custom_plots(
     # The selected trial's user attributes: architecture, FLOPs, latency, stage.
     summary = best.user_attrs["architecture_summary"].replace(">", "&gt;")
     assert summary in page
-    for key in ("flops", "latency_s", "stage"):
+    for key in ("flops", "params", "latency_s", "stage"):
         assert key in page
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000

@@ -109,3 +109,22 @@ def test_save_plots_and_callback() -> None:
     with pytest.raises(ValueError):
         DashboardCallback(every=0)
     assert all(t.state == TrialState.COMPLETE for t in fresh.trials)
+
+
+def test_infeasible_trials_are_never_on_the_front() -> None:
+    study = optuna.create_study(directions=["maximize", "minimize"])
+
+    def objective(trial: optuna.Trial) -> tuple[float, float]:
+        x = trial.suggest_float("x", 0, 1)
+        trial.set_constraint("limit", x - 0.5)  # feasible when x <= 0.5
+        return x, x * x
+
+    study.enqueue_trial({"x": 0.9})  # the best accuracy, but infeasible
+    study.enqueue_trial({"x": 0.2})
+    study.enqueue_trial({"x": 0.4})
+    study.optimize(objective, n_trials=3)
+    fig = plot_pareto_front(study)
+    assert fig is not None
+    traces = {trace.name: trace for trace in fig.data}
+    assert list(traces["infeasible"].x) == [0.9]
+    assert sorted(traces["Pareto front"].x) == [0.2, 0.4]
