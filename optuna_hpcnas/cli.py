@@ -121,9 +121,10 @@ def _architecture(study: optuna.Study, trial: FrozenTrial) -> Architecture | Non
 
 
 def _describe(study: optuna.Study, trial: FrozenTrial) -> str:
-    summary = trial.user_attrs.get(_keys.USER_ARCHITECTURE_SUMMARY)
-    if isinstance(summary, str):
-        return summary
+    for key in (_keys.USER_ARCHITECTURE_SUMMARY, _keys.USER_ARCHITECTURE):
+        summary = trial.user_attrs.get(key)
+        if isinstance(summary, str):  # the distributed runner stores the summary string
+            return summary
     arch = _architecture(study, trial)
     return arch.describe() if arch is not None else json.dumps(trial.params, sort_keys=True)
 

@@ -80,9 +80,10 @@ def record_trial(
 
 
 def _summary(trial: FrozenTrial) -> str:
-    text = trial.user_attrs.get(_keys.USER_ARCHITECTURE_SUMMARY)
-    if isinstance(text, str):
-        return text
+    for key in (_keys.USER_ARCHITECTURE_SUMMARY, _keys.USER_ARCHITECTURE):
+        text = trial.user_attrs.get(key)
+        if isinstance(text, str):  # the distributed runner stores the summary string
+            return text
     return ", ".join(f"{k}={v}" for k, v in trial.params.items())
 
 
