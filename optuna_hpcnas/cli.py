@@ -474,6 +474,20 @@ def _remaining_budget(storage: str, name: str) -> tuple[str | None, int]:
     return None, len(study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
 
 
+def _running_trials(storage: str, name: str) -> int:
+    """RUNNING trials of an existing SQLite study: a sign that another process writes to it."""
+    if not storage.startswith("sqlite:"):
+        return 0
+    import optuna
+    from optuna.trial import TrialState
+
+    try:
+        study = optuna.load_study(study_name=name, storage=storage)
+    except KeyError:
+        return 0
+    return len(study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
+
+
 def _cmd_run(args: argparse.Namespace, *, resume: bool) -> int:
     rank, size = mpi_rank_and_size()
     try:
@@ -525,7 +539,9 @@ def _cmd_run(args: argparse.Namespace, *, resume: bool) -> int:
             size,
         )
         if storage:
-            warn_if_sqlite_shared(storage, n_processes=size)
+            warn_if_sqlite_shared(
+                storage, n_processes=size, running_trials=_running_trials(storage, name)
+            )
         metrics = None
         if config.metrics.enabled:
             from optuna_hpcnas.metrics import SearchMetrics
