@@ -39,3 +39,10 @@ QUBO_INFO = "hpcnas:qubo:info"
 EVOLUTION_ORIGIN = "hpcnas:evolution:origin"
 """How a trial's parameters were made: ``{"operation", "parent", "second_parent", "level",
 "params"}``; ``params`` lets other workers see a running child before its parameters land."""
+
+# Checkpoints (issue 7). Study system attributes: one manifest per checkpoint, written last.
+CHECKPOINT_MANIFEST_PREFIX = "hpcnas:checkpoints:manifest:"
+# Trial system attributes set when a signal (SIGTERM/SIGUSR1) stopped the trial for a retry.
+CHECKPOINT_PREEMPTED = "hpcnas:checkpoints:preempted"
+# Study system attribute per generation of P finished trials: top-k trial numbers and the rest.
+CHECKPOINT_GENERATION_PREFIX = "hpcnas:checkpoints:generation:"

@@ -1,0 +1,289 @@
+"""Resume after faults: heartbeat storage, retry of dead or preempted trials, signal handling.
+
+A worker killed with SIGKILL leaves its trial RUNNING; with RDB heartbeats, the next worker to
+start a trial after ``grace_period`` marks it FAIL and Optuna's
+``RetryHeartbeatStaleTrialCallback`` queues a WAITING copy, which the next ``ask`` picks up. A
+worker that gets SIGTERM or SIGUSR1 (Slurm preemption, ``--signal=B:USR1@120``) does the same at
+once through :class:`PreemptionGuard`: checkpoint at the next step boundary, FAIL the running
+trial, queue its retry, exit; a watchdog forces the exit before the deadline if the training
+loop never reaches a boundary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from collections.abc import Iterator
+from collections.abc import Sequence
+import contextlib
+import logging
+import os
+import signal
+import threading
+from types import FrameType
+from typing import Any
+from typing import TYPE_CHECKING
+import warnings
+
+from optuna_hpcnas import _keys
+from optuna_hpcnas.checkpoints._config import CheckpointConfig
+
+if TYPE_CHECKING:
+    import optuna
+
+_logger = logging.getLogger(__name__)
+
+
+def heartbeat_storage(
+    url: str,
+    config: CheckpointConfig | None = None,
+    *,
+    engine_kwargs: dict[str, Any] | None = None,
+) -> optuna.storages.RDBStorage:
+    """An RDB storage whose dead workers' trials are retried.
+
+    Heartbeats every ``config.heartbeat_interval`` seconds; a trial silent for
+    ``config.grace_period`` is failed and re-queued (up to ``config.max_retry`` times) by
+    :class:`optuna.storages.RetryHeartbeatStaleTrialCallback`.
+
+    Example:
+        .. code-block:: python
+
+            config = CheckpointConfig(heartbeat_interval=30)
+            storage = heartbeat_storage("sqlite:///study.db", config)
+            study = optuna.load_study(study_name="nas", storage=storage)
+    """
+    import optuna
+    from optuna.exceptions import ExperimentalWarning
+    from optuna.storages import RetryHeartbeatStaleTrialCallback
+
+    if not isinstance(url, str):
+        raise TypeError(f"`url` is {url!r}, but must be a SQLAlchemy URL string.")
+    config = config or CheckpointConfig()
+    kwargs = dict(engine_kwargs or {})
+    if url.startswith("sqlite"):
+        # Checkpoint blobs share the file; let writers queue instead of failing at once.
+        kwargs.setdefault("connect_args", {"timeout": 60})
+    with warnings.catch_warnings():
+        # Heartbeats are marked experimental since Optuna 2.9; this is the supported use.
+        warnings.simplefilter("ignore", ExperimentalWarning)
+        return optuna.storages.RDBStorage(
+            url,
+            engine_kwargs=kwargs,
+            heartbeat_interval=config.heartbeat_interval,
+            grace_period=config.grace_period,
+            heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(
+                max_retry=config.max_retry
+            ),
+        )
+
+
+def mark_trial_for_retry(
+    study: optuna.Study,
+    trial_id: int,
+    *,
+    reason: str,
+    max_retry: int | None = None,
+) -> bool:
+    """FAIL a running trial and queue a WAITING copy, as a heartbeat sweep would.
+
+    Uses the storage's own ``heartbeat_stale_trial_callback`` when it has one, so retries are
+    counted the same way whether a worker died or was preempted. Returns whether this call
+    failed the trial (``False`` if it had already finished).
+    """
+    import optuna
+    from optuna.exceptions import ExperimentalWarning
+    from optuna.storages import RetryHeartbeatStaleTrialCallback
+
+    storage = study._storage
+    try:
+        storage.set_trial_system_attr(trial_id, _keys.CHECKPOINT_PREEMPTED, reason)
+        if not storage.set_trial_state_values(trial_id, state=optuna.trial.TrialState.FAIL):
+            return False
+    except optuna.exceptions.UpdateFinishedTrialError:
+        return False
+    callback = None
+    getter = getattr(storage, "get_heartbeat_stale_trial_callback", None)
+    if getter is not None:
+        callback = getter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ExperimentalWarning)
+        if callback is None:
+            callback = RetryHeartbeatStaleTrialCallback(max_retry=max_retry)
+        callback(study, storage.get_trial(trial_id))
+    _logger.warning("Trial %d stopped (%s) and queued for retry.", trial_id, reason)
+    return True
+
+
+class Preempted(SystemExit):
+    """Raised by :meth:`PreemptionGuard.check` after the state is saved; exits the process."""
+
+
+class PreemptionGuard:
+    """SIGTERM/SIGUSR1 handling for a worker: checkpoint, retry the trial, exit in time.
+
+    Install it around the worker loop (signal handlers can only be set in the main thread; the
+    previous handlers come back on exit), tell it which trial runs with :meth:`watch`, and call
+    :meth:`check` at every step boundary. On a signal, the next :meth:`check` calls
+    ``checkpoint()``, FAILs the watched trial, queues its retry and raises :class:`Preempted`
+    (exit status ``128 + signal``). If no :meth:`check` comes within ``deadline`` seconds, a
+    watchdog thread queues the retry and ends the process itself (the last periodic checkpoint
+    is then the one resumed from).
+
+    Args:
+        checkpoint: Saves the current state (e.g. ``lambda: manager.save(*state(), step=s)``).
+        signals: Signals handled (names or numbers).
+        deadline: Seconds from the signal to the forced exit (at most 30).
+        max_retry: Retries when the storage has no heartbeat callback of its own.
+
+    Example:
+        .. code-block:: python
+
+            with PreemptionGuard(checkpoint=save_now) as guard:
+
+                def objective(trial):
+                    with guard.watch(trial):
+                        for step in range(steps):
+                            train_step()
+                            guard.check()
+                    return evaluate()
+
+                study.optimize(objective, callbacks=[guard])
+    """
+
+    def __init__(
+        self,
+        *,
+        checkpoint: Callable[[], object] | None = None,
+        signals: Sequence[str | int] = ("SIGTERM", "SIGUSR1"),
+        deadline: float = 25.0,
+        max_retry: int | None = 3,
+    ) -> None:
+        if checkpoint is not None and not callable(checkpoint):
+            raise TypeError(f"`checkpoint` is {checkpoint!r}, but must be callable or None.")
+        if isinstance(deadline, bool) or not isinstance(deadline, int | float):
+            raise TypeError(f"`deadline` is {deadline!r}, but must be a number.")
+        if not 0 < deadline <= 30:
+            raise ValueError(f"`deadline` is {deadline}, but must be in (0, 30] seconds.")
+        resolved = []
+        for s in signals:
+            try:
+                resolved.append(signal.Signals[s] if isinstance(s, str) else signal.Signals(s))
+            except (KeyError, ValueError):
+                raise ValueError(f"`signals` holds {s!r}, which is not a signal.") from None
+        if not resolved:
+            raise ValueError("`signals` is empty.")
+        self._checkpoint = checkpoint
+        self._signals = tuple(resolved)
+        self._deadline = float(deadline)
+        self._max_retry = max_retry
+        self._previous: dict[signal.Signals, Any] = {}
+        self._received: signal.Signals | None = None
+        self._trial: optuna.Trial | None = None
+        self._handled = threading.Event()
+        self._lock = threading.Lock()
+        self._watchdog: threading.Timer | None = None
+
+    @classmethod
+    def from_config(
+        cls, config: CheckpointConfig, *, checkpoint: Callable[[], object] | None = None
+    ) -> PreemptionGuard:
+        return cls(
+            checkpoint=checkpoint, deadline=config.exit_deadline, max_retry=config.max_retry
+        )
+
+    @property
+    def requested(self) -> bool:
+        """Whether a handled signal arrived."""
+        return self._received is not None
+
+    @property
+    def received(self) -> signal.Signals | None:
+        return self._received
+
+    def __enter__(self) -> PreemptionGuard:
+        if threading.current_thread() is not threading.main_thread():
+            raise RuntimeError("PreemptionGuard must be entered in the main thread.")
+        for s in self._signals:
+            self._previous[s] = signal.signal(s, self._on_signal)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)
+        self._previous.clear()
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+
+    @contextlib.contextmanager
+    def watch(self, trial: optuna.Trial) -> Iterator[None]:
+        """Mark ``trial`` as the one to retry if a signal stops this worker."""
+        self._trial = trial
+        try:
+            yield
+        finally:
+            self._trial = None
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        if self._received is not None:
+            return
+        self._received = signal.Signals(signum)
+        _logger.warning(
+            "Received %s: checkpointing at the next step and exiting within %.0f s.",
+            self._received.name,
+            self._deadline,
+        )
+        self._watchdog = threading.Timer(self._deadline, self._force_exit)
+        self._watchdog.daemon = True
+        self._watchdog.start()
+
+    def check(self) -> None:
+        """At a step boundary: if a signal arrived, checkpoint, retry the trial, exit."""
+        if self._received is None:
+            return
+        with self._lock:
+            if self._handled.is_set():
+                return
+            if self._checkpoint is not None:
+                try:
+                    self._checkpoint()
+                except Exception:
+                    _logger.exception("Checkpoint on %s failed.", self._received.name)
+            self._retry_trial()
+            self._handled.set()
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+        raise Preempted(128 + int(self._received))
+
+    def __call__(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        """Optuna callback: between trials, a pending signal still checkpoints and exits."""
+        self.check()
+
+    def _retry_trial(self) -> None:
+        trial = self._trial
+        if trial is None or self._received is None:
+            return
+        mark_trial_for_retry(
+            trial.study,
+            trial._trial_id,
+            reason=self._received.name,
+            max_retry=self._max_retry,
+        )
+
+    def _force_exit(self) -> None:
+        assert self._received is not None
+        with self._lock:
+            if self._handled.is_set():
+                return
+            _logger.error(
+                "No step boundary within %.0f s of %s: queueing the trial for retry and exiting "
+                "without a new checkpoint.",
+                self._deadline,
+                self._received.name,
+            )
+            try:
+                self._retry_trial()
+            except Exception:
+                _logger.exception("Could not queue the trial for retry.")
+            self._handled.set()
+        logging.shutdown()
+        os._exit(128 + int(self._received))
