@@ -72,6 +72,15 @@ def dashboard(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Iterator[tu
     url = f"sqlite:///{tmp_path / 'demo.db'}"
     study = _demo_study(url)
     capsys.readouterr()
+    checkpoints = pytest.importorskip("optuna_hpcnas.checkpoints")
+    # A checkpoint blob in the study's own database, linked to the study as an artifact
+    # (trial artifacts are uploaded while the trial runs; this one is finished).
+    blob = tmp_path / "supernet-checkpoint.arrow"
+    blob.write_bytes(b"ARROW1" + bytes(2048))
+    store = checkpoints.RDBArtifactStore(url)
+    optuna.artifacts.upload_artifact(
+        artifact_store=store, file_path=str(blob), study_or_trial=study,
+    )  # fmt: skip
     port = _free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "optuna_hpcnas", "dashboard", "--storage", url,
@@ -123,6 +132,7 @@ def test_dashboard_shows_trials_and_custom_plots(
     assert "Pareto front: accuracy vs latency_s" in page
     assert "Search trajectory: accuracy" in page
     assert "demo" in page
+    study_page = page
     best = study.best_trials[0]  # type: ignore[attr-defined]
     page = _browse(
         chromium, f"{base}/dashboard/studies/1/trials?numbers={best.number}", profile,
@@ -135,4 +145,6 @@ def test_dashboard_shows_trials_and_custom_plots(
     assert summary in page
     for key in ("flops", "params", "latency_s", "stage"):
         assert key in page
+    # `hpcnas dashboard` found the RDB artifact store: the checkpoint is listed.
+    assert "supernet-checkpoint.arrow" in study_page
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000
