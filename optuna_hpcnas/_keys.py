@@ -14,8 +14,9 @@ CLUSTER_RANKS_CONSTRAINT = "hpcnas.cluster_ranks"
 
 # --- operations (CLI, dashboard, metrics) -------------------------------------------------
 # Trial user attributes shown by optuna-dashboard (plain names: users read them in the UI).
-USER_ARCHITECTURE = "architecture"  # Architecture.to_dict()
-USER_ARCHITECTURE_SUMMARY = "architecture_summary"  # Architecture.describe()
+# The same names as SupernetObjective's (OBJECTIVE_* below), so every producer agrees.
+USER_ARCHITECTURE = "arch"  # Architecture.to_json()
+USER_ARCHITECTURE_SUMMARY = "arch_description"  # Architecture.describe()
 USER_FLOPS = "flops"
 USER_PARAMS = "params"
 USER_LATENCY = "latency_s"  # seconds
@@ -23,9 +24,28 @@ USER_STAGE = "stage"
 # Study system attributes.
 RUN_N_TRIALS = "hpcnas:run:n_trials"  # the trial target of the search, for progress
 
+# StagedPruner (trial system attributes).
+PRUNER_STAGE_VALUE = "hpcnas:pruner:stage_value:"  # + stage name: the value a trial took there
+PRUNER_STAGE_REACHED = "hpcnas:pruner:stage_reached"
+PRUNER_REASON = "hpcnas:pruner:reason"
+PRUNER_EARLY_STOPPED = "hpcnas:pruner:early_stopped"  # epoch of a patience stop
+
+# SupernetObjective (trial user attributes: meant for people and dashboards).
+OBJECTIVE_ARCH = "arch"
+OBJECTIVE_ARCH_DESCRIPTION = "arch_description"
+OBJECTIVE_FLOPS = "flops"
+OBJECTIVE_PARAMS = "params"
+OBJECTIVE_LATENCY = "latency_s"
+OBJECTIVE_PREDICTED_LATENCY = "predicted_latency_s"
+OBJECTIVE_INHERITED_ACCURACY = "inherited_accuracy"
+OBJECTIVE_ACCURACY = "accuracy"
+OBJECTIVE_STAGE = "stage"
+OBJECTIVE_EPOCHS = "epochs"
+OBJECTIVE_FAIL_REASON = "fail_reason"
+OBJECTIVE_EARLY_STOPPED = "early_stopped"
+
 # Distributed evaluation (optuna_hpcnas.distributed).
 DISTRIBUTED_UTILISATION = "hpcnas:distributed:utilisation"  # study: per-rank time shares (JSON)
-DISTRIBUTED_RUNS = "hpcnas:distributed:runs"  # study: number of finished run_search calls
 DISTRIBUTED_GROUP = "hpcnas:distributed:group"  # trial: index of the evaluation group
 DISTRIBUTED_LAYOUT = "hpcnas:distributed:layout"  # trial: "dp x pp on N ranks, engine"
 DISTRIBUTED_INFEASIBLE = "hpcnas:distributed:infeasible"  # trial: why it was not run

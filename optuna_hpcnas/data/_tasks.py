@@ -55,6 +55,11 @@ class TaskData:
                     f"but got {type(getattr(self, split)).__name__}."
                 )
 
+    @property
+    def sizes(self) -> tuple[int, int, int]:
+        """Number of samples of the train, validation and test splits."""
+        return (len(self.train), len(self.valid), len(self.test))  # type: ignore[arg-type]
+
     def check(self) -> None:
         """Raise ``ValueError`` if a sample does not have ``input_shape`` or a valid label."""
         for split in ("train", "valid", "test"):

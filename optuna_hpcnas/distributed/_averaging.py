@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Generator
 from collections.abc import Sequence
 import logging
+import time
 from typing import Any
 from typing import TYPE_CHECKING
 
@@ -268,16 +269,24 @@ class ParameterAverager:
             self._trials_since = 0
             self._start()
 
-    def finish(self) -> None:
+    def agree_rounds(self) -> int:
+        """Collective over the leaders (blocking until the last leader is done with its
+        trials): the number of rounds every leader must complete."""
+        if not self.enabled:
+            return 0
+        return int(self._group.leaders.allreduce(self.rounds_started, op=_max_op()))
+
+    def finish(self, target: int | None = None) -> None:
         """Collective over the leaders: finish the round in flight and run extra rounds so
         every leader completes the same number (blocking)."""
         if not self.enabled:
             return
-        target = int(self._group.leaders.allreduce(self.rounds_started, op=_max_op()))
+        if target is None:
+            target = self.agree_rounds()
         while True:
             if self._round is not None:
                 while not self._drive():
-                    pass
+                    time.sleep(0.0005)
             if self.rounds_started >= target:
                 break
             self._start()

@@ -128,18 +128,32 @@ class SupernetEvaluator:
                 yield self._train_x[idx], self._train_y[idx]
 
     def validate(self, layers: Sequence[nn.Module], metrics: Sequence[str]) -> dict[str, float]:
+        import copy
+
+        import torch
         from torch import nn
 
+        from optuna_hpcnas.data import iterate_batches
         from optuna_hpcnas.evaluation import count_flops
         from optuna_hpcnas.evaluation import count_parameters
-        from optuna_hpcnas.evaluation import evaluate
         from optuna_hpcnas.evaluation import measure_latency
 
         model = nn.Sequential(*layers)
-        accuracy, loss = evaluate(model, self.task.valid)
-        out = {"accuracy": accuracy, "loss": loss}
+        was_training = model.training
+        model.eval()
+        correct, total_loss, n = 0, 0.0, 0
+        with torch.no_grad():
+            for x, y in iterate_batches(self.task.valid, 512):
+                x, y = x.to(self.device), y.to(self.device)
+                logits = model(x).float()
+                total_loss += float(torch.nn.functional.cross_entropy(logits, y, reduction="sum"))
+                correct += int((logits.argmax(1) == y).sum())
+                n += len(y)
+        model.train(was_training)
+        out = {"accuracy": correct / max(n, 1), "loss": total_loss / max(n, 1)}
         if "flops" in metrics:
-            out["flops"] = float(count_flops(model, self.task.input_shape))
+            cpu_model = model if self.device == "cpu" else copy.deepcopy(model).cpu()
+            out["flops"] = float(count_flops(cpu_model, self.task.input_shape))
         if "params" in metrics:
             out["params"] = float(count_parameters(model))
         if "latency" in metrics:
@@ -153,7 +167,7 @@ class SupernetEvaluator:
 
         key = arch.to_json()
         if key not in self._cost_cache:
-            model = nn.Sequential(*self.supernet.layers(arch))
+            model = nn.Sequential(*(layer.cpu() for layer in self.supernet.layers(arch)))
             self._cost_cache[key] = float(count_flops(model, self.task.input_shape))
         return self._cost_cache[key]
 

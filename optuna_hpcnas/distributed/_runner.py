@@ -18,7 +18,9 @@ the study ends with exactly ``n_trials`` new trials, whatever the number of grou
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from collections.abc import Sequence
+from contextlib import contextmanager
 import json
 import logging
 import math
@@ -126,6 +128,9 @@ class _Runner:
             self.group = group = form_groups(self.comm, self.dcfg.group_size)
         self.channel = GroupChannel(group.comm, group_index=group.index)
         self.device = _resolve_device(self.config.training.device)
+        if self.device == "cuda":
+            # one GPU per rank of a node (LOCAL_RANK of the torch world says the same)
+            torch.cuda.set_device(group.context.local_rank % torch.cuda.device_count())
         torch.manual_seed(self.config.training.seed)
         with self.tracker.track("setup"):
             self.space = self.config.space.build()
@@ -160,10 +165,13 @@ class _Runner:
                 cost_aware=self.dcfg.scheduler == "cost_aware",
                 lookahead=self.dcfg.lookahead if self.dcfg.scheduler == "cost_aware" else 1,
             )
+        self._loop_started = time.perf_counter()
         self._loop()
         if self.averager is not None:
+            with self.tracker.track("idle"):  # waiting for the last group to finish its trial
+                target = self.averager.agree_rounds()
             with self.tracker.track("communication"):
-                self.averager.finish()
+                self.averager.finish(target)
         self._finish()
 
     def close(self) -> None:
@@ -200,7 +208,8 @@ class _Runner:
             finally:
                 self.comm.bcast(error, root=0)
         else:
-            error = self.comm.bcast(None, root=0)
+            with self.tracker.track("idle"):  # rank 0 creates the study and the budget
+                error = self.comm.bcast(None, root=0)
             if error is not None:
                 raise RuntimeError(f"World rank 0 could not open the study: {error}")
             if self.group.is_leader:
@@ -240,7 +249,8 @@ class _Runner:
         with self.tracker.track("storage"):
             if self.config.study.n_trials is None:
                 return self.study.ask()
-            trial_id = self.study._pop_waiting_trial_id()
+            with _sqlite_pop_lock(self.config.study.resolved_storage()):
+                trial_id = self.study._pop_waiting_trial_id()
             if trial_id is None:
                 return None
             return optuna.trial.Trial(self.study, trial_id)
@@ -449,6 +459,7 @@ class _Runner:
         self.tracker.stop()
         report = self.tracker.report(
             rank=self.comm.Get_rank(),
+            loop_seconds=time.perf_counter() - self._loop_started,
             group=self.group.index,
             leader=self.group.is_leader,
             trials=self.trials_done if self.group.is_leader else 0,
@@ -456,12 +467,35 @@ class _Runner:
             sync_bytes=self.averager.bytes_sent if self.averager is not None else 0,
             sync_rounds=self.averager.rounds_done if self.averager is not None else 0,
         )
-        reports = self.comm.gather(report, root=0)
+        reports = self.comm.gather(report, root=0)  # after tracker.stop(): not counted
         if self.comm.Get_rank() != 0:
             return
         assert self.study is not None and reports is not None
         _logger.info("Utilisation per rank:\n%s", format_table(reports))
         _store_utilisation(self.study, reports)
+
+
+@contextmanager
+def _sqlite_pop_lock(url: str | None) -> Iterator[None]:
+    """Serialise popping WAITING trials among the processes of one SQLite file.
+
+    Optuna pops a waiting trial with a read-then-update that relies on ``SELECT ... FOR
+    UPDATE``; SQLite ignores row locks, and two leaders were seen to pop the same trial. A
+    file lock next to the database closes that window (SQLite is single-machine anyway);
+    PostgreSQL and MySQL lock the row themselves.
+    """
+    if not url or not url.startswith("sqlite:///") or url == "sqlite:///:memory:":
+        yield
+        return
+    import fcntl
+
+    path = url[len("sqlite:///") :].split("?", 1)[0] + ".hpcnas-lock"
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _store_utilisation(study: optuna.Study, reports: Sequence[RankUtilisation]) -> None:

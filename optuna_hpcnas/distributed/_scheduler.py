@@ -177,9 +177,22 @@ class SimulationResult:
     makespan: float
     latencies: np.ndarray
     num_tasks: int
+    starts: np.ndarray
+    finishes: np.ndarray
+    num_groups: int
 
     def latency_quantile(self, q: float) -> float:
         return float(np.quantile(self.latencies, q))
+
+    @property
+    def steady_utilisation(self) -> float:
+        """Busy share while work was still waiting (up to the last dispatch): the figure for
+        a search that keeps producing candidates, without the drain at the very end."""
+        horizon = float(self.starts.max())
+        if horizon <= 0:
+            return 1.0
+        busy = np.clip(np.minimum(self.finishes, horizon) - self.starts, 0.0, None).sum()
+        return float(busy / (self.num_groups * horizon))
 
 
 def simulate(
@@ -206,6 +219,8 @@ def simulate(
     events: list[tuple[float, int, int]] = []  # (finish time, group, task index)
     index_of = {id(t): i for i, t in enumerate(tasks)}
     latencies = np.zeros(len(tasks))
+    starts = np.zeros(len(tasks))
+    finishes = np.zeros(len(tasks))
     busy = 0.0
     finished = 0
 
@@ -225,7 +240,9 @@ def simulate(
                 continue
             run = duration_of[id(task)]
             busy += run
-            heapq.heappush(events, (clock.now() + dispatch_overhead + run, g, index_of[id(task)]))
+            i = index_of[id(task)]
+            starts[i] = clock.now() + dispatch_overhead
+            heapq.heappush(events, (starts[i] + run, g, i))
         idle = still_idle
         next_time = events[0][0] if events else np.inf
         if next_arrival < len(arrivals):
@@ -237,8 +254,11 @@ def simulate(
         while events and events[0][0] <= clock.now():
             t, g, i = heapq.heappop(events)
             latencies[i] = t - tasks[i].submitted
+            finishes[i] = t
             finished += 1
             idle.append(g)
     makespan = clock.now()
     utilisation = busy / (scheduler.num_groups * makespan) if makespan > 0 else 1.0
-    return SimulationResult(utilisation, makespan, latencies, len(tasks))
+    return SimulationResult(
+        utilisation, makespan, latencies, len(tasks), starts, finishes, scheduler.num_groups
+    )

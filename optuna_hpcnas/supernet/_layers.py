@@ -69,27 +69,35 @@ class Stem(nn.Module):
 
 
 class SharedHead(nn.Module):
-    """Global average pooling, then a linear classifier sliced to the input width."""
+    """Average pooling to a ``grid x grid`` map (global pooling loses where strokes are, which
+    matters on small images), then a linear classifier sliced to the input width.
+    Sequences: LayerNorm and mean over the positions, then the classifier.
+    """
 
-    def __init__(self, channels: int, num_classes: int, domain: str) -> None:
+    def __init__(self, channels: int, num_classes: int, domain: str, grid: int = 2) -> None:
         super().__init__()
-        self.domain = domain
+        self.domain, self.channels, self.grid = domain, channels, grid if domain == IMAGE else 1
         self.norm = nn.LayerNorm(channels) if domain != IMAGE else None
-        self.fc = nn.Linear(channels, num_classes)
+        self.fc = nn.Linear(channels * self.grid * self.grid, num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.domain == IMAGE:
-            pooled = x.mean(dim=(2, 3))
+            pooled = F.adaptive_avg_pool2d(x, self.grid).flatten(1)
         else:
             assert self.norm is not None
             pooled = sliced_layer_norm(x, self.norm).mean(dim=1)
-        c = pooled.shape[1]
-        return F.linear(pooled, self.fc.weight[:, :c], self.fc.bias)
+        c = x.shape[1] if self.domain == IMAGE else x.shape[-1]
+        return F.linear(pooled, self._weight(c), self.fc.bias)
+
+    def _weight(self, c: int) -> torch.Tensor:
+        cells = self.grid * self.grid
+        weight = self.fc.weight.view(self.fc.out_features, self.channels, cells)
+        return weight[:, :c].reshape(self.fc.out_features, c * cells)
 
     def export(self, c_in: int) -> SharedHead:
-        out = SharedHead(c_in, self.fc.out_features, self.domain)
+        out = SharedHead(c_in, self.fc.out_features, self.domain, self.grid)
         with torch.no_grad():
-            out.fc.weight.copy_(self.fc.weight[:, :c_in])
+            out.fc.weight.copy_(self._weight(c_in))
             out.fc.bias.copy_(self.fc.bias)
             if self.norm is not None and out.norm is not None:
                 _copy_ln(self.norm, out.norm, c_in)

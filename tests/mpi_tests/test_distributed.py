@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-import sqlite3
 
 import optuna
 import pytest
+import sqlalchemy
 
 from optuna_hpcnas import _keys
 from tests.mpi_helpers import run_mpi
@@ -87,6 +87,16 @@ def test_pipeline_2_by_data_2_trains_and_replicas_stay_equal() -> None:
     assert z3["kind"] == "data"
     assert sum(z3["losses"][-3:]) < sum(z3["losses"][:3])
     assert z3["changed"] == [True, False, True, False, True]
+    # averaging between 4 groups: mean of the changes, local progress in flight kept
+    for compression in ("none", "powersgd"):
+        for r in ranks:
+            got = r[compression]
+            assert got["rounds"] == 1 and got["bytes"] > 0
+            extra = 10.0 if r["rank"] == 1 else 0.0
+            assert got["matrix"] == pytest.approx([1.5 + extra] * 48, abs=1e-4)
+            assert got["vector"] == pytest.approx([3.0] * 5, abs=1e-5)
+    # rank-2 factors of an 8x6 matrix plus the dense vector: fewer bytes than the raw delta
+    assert ranks[3]["powersgd"]["bytes"] < ranks[3]["none"]["bytes"]
 
 
 def test_exception_on_one_rank_ends_every_rank(tmp_path: Path) -> None:
@@ -116,15 +126,23 @@ collective_timeout_s = 600
     assert "NOT REACHED" not in proc.stdout
 
 
-def test_four_rank_search_two_groups_one_study(tmp_path: Path) -> None:
-    db = tmp_path / "nas.db"
+@pytest.mark.parametrize(
+    "backend", ["sqlite", pytest.param("postgres", marks=pytest.mark.services)]
+)
+def test_four_rank_search_two_groups_one_study(
+    tmp_path: Path, backend: str, request: pytest.FixtureRequest
+) -> None:
+    if backend == "sqlite":
+        url = f"sqlite:///{tmp_path / 'nas.db'}"
+    else:
+        url = request.getfixturevalue("postgres_url")
     config = tmp_path / "nas.toml"
     n_trials = 10
+    # the URL travels in OPTUNA_STORAGE, as a password would (not on the command line)
     config.write_text(
         f"""
 [study]
 name = "mpi-search"
-storage = "sqlite:///{db}"
 n_trials = {n_trials}
 [space]
 preset = "digits-small"
@@ -142,17 +160,23 @@ sync_interval = 1
 """
     )
     proc = run_mpi(
-        4, ["-m", "optuna_hpcnas.distributed", "--config", str(config)], timeout=180, cwd=REPO
+        4,
+        ["-m", "optuna_hpcnas.distributed", "--config", str(config)],
+        timeout=180,
+        cwd=REPO,
+        env={"OPTUNA_STORAGE": url},
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    study = optuna.load_study(study_name="mpi-search", storage=f"sqlite:///{db}")
+    study = optuna.load_study(study_name="mpi-search", storage=url)
     trials = study.get_trials(deepcopy=False)
     # exactly the budget: none lost, none extra, each number once, all finished
     assert sorted(t.number for t in trials) == list(range(n_trials))
     assert all(t.state == optuna.trial.TrialState.COMPLETE for t in trials)
-    with sqlite3.connect(db) as conn:
-        ids = [row[0] for row in conn.execute("SELECT trial_id FROM trials")]
-    assert len(ids) == len(set(ids)) == n_trials
+    engine = sqlalchemy.create_engine(url)
+    with engine.connect() as conn:
+        rows = conn.execute(sqlalchemy.text("SELECT trial_id, number FROM trials")).all()
+    engine.dispose()
+    assert len(rows) == len({r[0] for r in rows}) == len({r[1] for r in rows}) == n_trials
     feasible = [
         t
         for t in trials

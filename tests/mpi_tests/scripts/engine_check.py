@@ -101,6 +101,31 @@ if active:
         "changed": [flat(layer) != init for layer, init in zip(layers, initial)],
     }
 world.close()
+# --- asynchronous hierarchical averaging between 4 groups of 1 (every rank leads)
+from optuna_hpcnas.distributed._averaging import ParameterAverager  # noqa: E402
+
+solo = form_groups(comm, 1)
+for compression in ("none", "powersgd"):
+    tensors = [torch.zeros(8, 6), torch.zeros(5)]
+    averager = ParameterAverager(
+        solo, tensors, interval=1, compression=compression, powersgd_rank=2
+    )
+    with torch.no_grad():  # "training": each group moves its weights by its rank
+        tensors[0] += rank
+        tensors[1] += 2 * rank
+    averager.trial_finished()  # starts a round (non-blocking)
+    if rank == 1:
+        with torch.no_grad():
+            tensors[0] += 10  # progress made while the round is in flight is kept
+    averager.finish()
+    out[compression] = {
+        "matrix": tensors[0].flatten().tolist(),
+        "vector": tensors[1].tolist(),
+        "rounds": averager.rounds_done,
+        "bytes": averager.bytes_sent,
+        "raw_bytes": averager.bytes_uncompressed,
+    }
+solo.free()
 gathered = comm.gather(out, root=0)
 if rank == 0:
     print("RESULT " + json.dumps(gathered), flush=True)

@@ -1,0 +1,199 @@
+"""Benchmark 3: DeepSpeed vs plain PyTorch for dp = pp = 1, and pipeline vs data parallel on
+4 ranks, training the same supernet subnet (images per second, training steps only).
+
+    python bench/distributed_engines.py [--steps 30] [--batch 64] [--preset digits-small]
+
+Part 1 runs in this process: plain PyTorch (what ``run_search`` uses when dp = pp = 1) versus
+a DeepSpeed engine in a torch world of one rank (ZeRO 0 and ZeRO 1), fp32 and bf16 autocast.
+Part 2 launches ``mpirun -n 4`` with this file as worker: data parallel 4 (ZeRO-1), pipeline
+4, and pipeline 2 x data 2, each against the same micro-batch size per replica. On a machine
+with fewer cores than ranks, ranks share cores (the figures are then relative only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+import subprocess
+import sys
+import time
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def subnet_layers(preset: str, seed: int = 0) -> tuple[list[Any], tuple[int, ...], int]:
+    import torch
+
+    from optuna_hpcnas.search_space import Architecture
+    from optuna_hpcnas.search_space import CellConfig
+    from optuna_hpcnas.search_space import ClusterConfig
+    from optuna_hpcnas.search_space import HierarchicalSearchSpace
+    from optuna_hpcnas.supernet import SuperNet
+
+    space = HierarchicalSearchSpace.preset(preset)
+    shape = (1, 8, 8) if preset == "digits-small" else (3, 32, 32)
+    width = max(space.widths)
+    ops = ("conv3x3", "sepconv3x3", "dilconv3x3", "conv3x3")
+    cells = tuple(
+        CellConfig(op=ops[i % len(ops)], kernel=3, width=width) for i in range(space.num_cells)
+    )
+    arch = Architecture("residual", cells, ClusterConfig())
+    torch.manual_seed(seed)
+    net = SuperNet(space, input_shape=shape, num_classes=10, seed=seed)
+    return net.layers(arch), shape, 10
+
+
+def batches(shape: tuple[int, ...], batch: int, replica: int, seed: int = 0) -> Any:
+    import torch
+
+    gen = torch.Generator().manual_seed(seed + replica)
+    x = torch.randn(16 * batch, *shape, generator=gen)
+    y = torch.randint(0, 10, (16 * batch,), generator=gen)
+    while True:
+        for i in range(16):
+            yield x[i * batch : (i + 1) * batch], y[i * batch : (i + 1) * batch]
+
+
+def time_engine(engine: Any, stream: Any, steps: int, warmup: int = 3) -> float:
+    for _ in range(warmup):
+        engine.train_step(stream)
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        engine.train_step(stream)
+    return time.perf_counter() - t0
+
+
+def part1(args: argparse.Namespace) -> list[tuple[str, str, float]]:
+    """Build every engine once, then time them interleaved ``--repeats`` times (median), so
+    a background load spike does not favour one of them."""
+    import statistics
+
+    import torch
+
+    from optuna_hpcnas.distributed import DistributedConfig
+    from optuna_hpcnas.distributed import form_groups
+    from optuna_hpcnas.distributed._engine import build_engine
+    from optuna_hpcnas.distributed._engine import TorchWorld
+    from optuna_hpcnas.distributed._groups import self_comm
+
+    group = form_groups(self_comm(), 1)
+    world = TorchWorld(group, DistributedConfig(engine="deepspeed"), "cpu")
+    world.ensure(1)  # a torch world of one rank for the DeepSpeed engines
+    engines = {}
+    for precision in ("fp32", "bf16"):
+        for label, kind, zero in (
+            ("plain PyTorch", "auto", 0),
+            ("DeepSpeed ZeRO-0", "deepspeed", 0),
+            ("DeepSpeed ZeRO-1", "deepspeed", 1),
+        ):
+            config = DistributedConfig(engine=kind, zero_stage=zero, precision=precision)
+            layers, shape, _ = subnet_layers(args.preset)
+            engine = build_engine(
+                layers,
+                torch.nn.CrossEntropyLoss(),
+                data_parallel=1,
+                pipeline_stages=1,
+                micro_batch_size=args.batch,
+                config=config,
+                lr=1e-3,
+            )
+            engines[(precision, label)] = (engine, batches(shape, args.batch, 0))
+    times: dict[tuple[str, str], list[float]] = {key: [] for key in engines}
+    for _ in range(args.repeats):
+        for key, (engine, stream) in engines.items():
+            times[key].append(time_engine(engine, stream, args.steps))
+    world.close()
+    return [
+        (p, label, args.steps * args.batch / statistics.median(times[(p, label)]))
+        for p, label in engines
+    ]
+
+
+def worker(args: argparse.Namespace) -> None:
+    """Under mpirun -n 4: time dp4, pp4 and pp2 x dp2 (all ranks of one group)."""
+    from mpi4py import MPI
+    import torch
+
+    from optuna_hpcnas.distributed import DistributedConfig
+    from optuna_hpcnas.distributed import form_groups
+    from optuna_hpcnas.distributed._engine import build_engine
+    from optuna_hpcnas.distributed._engine import TorchWorld
+
+    comm = MPI.COMM_WORLD
+    group = form_groups(comm, comm.Get_size())
+    results = []
+    layouts = (("data parallel 4", 4, 1), ("pipeline 4", 1, 4), ("pipeline 2 x data 2", 2, 2))
+    for label, dp, pp in layouts:
+        config = DistributedConfig(group_size=4, zero_stage=1, pipeline_micro_batches=4)
+        world = TorchWorld(group, config, "cpu")
+        world.ensure(4)
+        layers, shape, _ = subnet_layers(args.preset)
+        engine = build_engine(
+            layers,
+            torch.nn.CrossEntropyLoss(),
+            data_parallel=dp,
+            pipeline_stages=pp,
+            micro_batch_size=args.batch,
+            config=config,
+            lr=1e-3,
+            group_rank=group.rank,
+        )
+        comm.Barrier()
+        seconds = time_engine(engine, batches(shape, args.batch, group.rank % dp), args.steps)
+        seconds = comm.allreduce(seconds, op=MPI.MAX)
+        images = args.steps * args.batch * dp * engine.micro_batches
+        results.append((label, images / seconds))
+        world.close()
+        del engine
+    if comm.Get_rank() == 0:
+        print("RESULT " + json.dumps(results), flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--preset", default="digits-small")
+    parser.add_argument("--worker", action="store_true")
+    parser.add_argument("--no-mpi", action="store_true")
+    args = parser.parse_args()
+    if args.worker:
+        worker(args)
+        return
+    print(
+        f"subnet of {args.preset} (residual, widest cells), batch {args.batch}, "
+        f"{args.steps} steps, median of {args.repeats} interleaved repeats\n"
+    )
+    rows = part1(args)
+    print(f"{'precision':<9} {'engine (dp = pp = 1)':<20} {'images/s':>9} {'vs plain':>8}")
+    plain = {p: ips for p, label, ips in rows if label == "plain PyTorch"}
+    for precision, label, ips in rows:
+        print(f"{precision:<9} {label:<20} {ips:9.0f} {ips / plain[precision]:7.2f}x")
+    if args.no_mpi:
+        return
+    mpirun = Path(sys.executable).with_name("mpirun")
+    launcher = str(mpirun if mpirun.exists() else "mpirun")
+    cmd = [launcher, "-n", "4", sys.executable, "-m", "mpi4py"]
+    cmd += [__file__, "--worker", "--steps", str(args.steps), "--batch", str(args.batch)]
+    cmd += ["--preset", args.preset]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    if proc.returncode != 0 or not lines:
+        raise RuntimeError(proc.stderr[-3000:])
+    results = json.loads(lines[-1][len("RESULT ") :])
+    print(
+        f"\n4 ranks ({os.cpu_count()} cores), micro-batch {args.batch} per replica, ZeRO-1, fp32"
+    )
+    print(f"{'layout':<22} {'images/s':>9} {'vs dp4':>7} {'vs 1-rank plain':>15}")
+    dp4 = results[0][1]
+    for label, ips in results:
+        print(f"{label:<22} {ips:9.0f} {ips / dp4:6.2f}x {ips / plain['fp32']:14.2f}x")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,128 @@
+"""Benchmark 1: trials per second of the digits search with 1, 2 and 4 ranks, and the share
+of each rank's time spent computing (forward, backward, optimizer, validation).
+
+Each configuration is a real ``mpirun -n N python -m mpi4py -m optuna_hpcnas.distributed``
+launch against one SQLite study, groups of one rank (each rank its own group, weights
+averaged between groups every trial). Peer in the same run: the 1-rank launch.
+
+    python bench/distributed_throughput.py [--ranks 1 2 4] [--trials-per-rank 6]
+
+On a machine with fewer cores than ranks the ranks share cores, so trials/s cannot scale
+past the core count; the compute share still shows what the framework costs per rank.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+import subprocess
+import sys
+import tempfile
+import time
+
+import optuna
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIG = """
+[study]
+name = "throughput"
+storage = "sqlite:///{db}"
+n_trials = {n_trials}
+[space]
+preset = "digits-small"
+[sampler]
+name = "random"
+seed = 0
+[training]
+epochs = 3
+steps_per_epoch = {steps}
+supernet_steps = {supernet_steps}
+[distributed]
+group_size = 1
+sync_interval = 2
+"""
+
+
+def mpirun() -> str:
+    beside = Path(sys.executable).with_name("mpirun")
+    return str(beside) if beside.exists() else "mpirun"
+
+
+def run(n: int, trials_per_rank: int, steps: int, workdir: Path) -> dict:
+    db = workdir / f"r{n}.db"
+    cfg = workdir / f"r{n}.toml"
+    cfg.write_text(
+        CONFIG.format(db=db, n_trials=n * trials_per_rank, steps=steps, supernet_steps=steps // 2)
+    )
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    cmd = [mpirun(), "-n", str(n), sys.executable, "-m", "mpi4py", "-m"]
+    cmd += ["optuna_hpcnas.distributed", "--config", str(cfg), "--log-level", "WARNING"]
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise RuntimeError(proc.stderr[-3000:])
+    study = optuna.load_study(study_name="throughput", storage=f"sqlite:///{db}")
+    trials = [t for t in study.get_trials() if t.state.is_finished()]
+    first = min(t.datetime_start for t in trials if t.datetime_start)
+    last = max(t.datetime_complete for t in trials if t.datetime_complete)
+    window = (last - first).total_seconds()
+    attrs = study._storage.get_study_system_attrs(study._study_id)
+    ranks = json.loads(attrs["hpcnas:distributed:utilisation"])[-1]["ranks"]
+    return {
+        "n": n,
+        "trials": len(trials),
+        "window": window,
+        "wall": wall,
+        "ranks": sorted(ranks, key=lambda r: r["rank"]),
+        "sync_bytes": attrs.get("hpcnas:distributed:sync_bytes", 0),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--trials-per-rank", type=int, default=6)
+    parser.add_argument("--steps", type=int, default=40, help="optimizer steps per epoch")
+    args = parser.parse_args()
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for n in args.ranks:
+            results.append(run(n, args.trials_per_rank, args.steps, Path(tmp)))
+    base = results[0]["trials"] / results[0]["window"]
+    print(
+        f"digits-small search, {os.cpu_count()} CPU cores, {args.steps} steps x 3 epochs/trial\n"
+    )
+    print(
+        f"{'ranks':>5} {'trials':>6} {'search s':>8} {'trials/s':>8} {'vs 1 rank':>9} "
+        f"{'job s':>6} {'compute (loop)':>14} {'compute (wall)':>14} {'sync MB':>8}"
+    )
+    for r in results:
+        tps = r["trials"] / r["window"]
+        loop_share = [
+            x["shares"]["compute"] * x["wall_seconds"] / x["loop_seconds"] for x in r["ranks"]
+        ]
+        wall_share = [x["shares"]["compute"] for x in r["ranks"]]
+        print(
+            f"{r['n']:>5} {r['trials']:>6} {r['window']:8.1f} {tps:8.3f} {tps / base:8.2f}x "
+            f"{r['wall']:6.1f} {min(loop_share):6.1%}-{max(loop_share):6.1%} "
+            f"{min(wall_share):6.1%}-{max(wall_share):6.1%} {r['sync_bytes'] / 1e6:8.2f}"
+        )
+    print("\nper rank (share of the rank's wall time, start-up included):")
+    cats = ["compute", "setup", "storage", "sampler", "communication", "idle", "other"]
+    print(f"{'ranks':>5} {'rank':>4} " + " ".join(f"{c[:7]:>7}" for c in cats))
+    for r in results:
+        for x in r["ranks"]:
+            print(
+                f"{r['n']:>5} {x['rank']:>4} " + " ".join(f"{x['shares'][c]:7.1%}" for c in cats)
+            )
+    print(
+        "\ncompute (loop) = compute seconds / seconds inside the search loop (after imports, "
+        "model and study set-up); compute (wall) = over the whole process."
+    )
+
+
+if __name__ == "__main__":
+    main()

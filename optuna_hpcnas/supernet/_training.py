@@ -1,0 +1,427 @@
+"""Single-path one-shot training of a ``SuperNet``.
+
+Every batch samples ``k`` architectures (paths), runs the batch through each and accumulates
+the gradients before one optimizer step, so the shared weights learn to serve many paths while
+the memory stays that of one path (each path's graph is freed by its ``backward``).
+
+Mixed precision: bf16 autocast on CPU or GPU; fp16 autocast with a ``GradScaler`` on GPU only.
+Parameters, gradients and optimizer state stay fp32 (autocast casts copies for the forward).
+
+``train_step`` is one step on a given model / optimizer / batch, separate from the loop, so the
+distributed evaluator can run it under its own engine. ``SupernetTrainer.state_dict()`` holds
+only tensors and plain Python values (no pickled objects) for the checkpoint code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from collections.abc import Iterable
+from collections.abc import Sequence
+import contextlib
+import copy
+from dataclasses import dataclass
+from enum import Enum
+import logging
+import math
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+import torch.nn.functional as F
+
+from optuna_hpcnas.data import iterate_batches
+from optuna_hpcnas.search_space import Architecture
+from optuna_hpcnas.supernet._supernet import SuperNet
+
+_logger = logging.getLogger(__name__)
+
+PathSampler = Callable[[np.random.Generator, int], Sequence[Architecture]]
+
+
+class Precision(str, Enum):
+    """Forward precision; parameters and optimizer state are always fp32."""
+
+    FP32 = "fp32"
+    BF16 = "bf16"
+    FP16 = "fp16"
+
+
+class PathSampling(str, Enum):
+    """Where the ``k`` paths of a batch come from."""
+
+    UNIFORM = "uniform"
+    POPULATION = "population"
+
+
+@dataclass(frozen=True)
+class SupernetTrainingConfig:
+    """Options of supernet training (``SupernetTrainingConfig(**toml_table)``).
+
+    Args:
+        paths_per_batch: ``k`` architectures sampled per batch, gradients accumulated.
+        sampling: ``"uniform"`` over the space, or ``"population"``: from the architectures
+            given with ``SupernetTrainer.set_population`` (uniform until one is given).
+        optimizer: ``"adam"`` (AdamW-style decoupled decay off: plain Adam with L2) or
+            ``"sgd"`` (Nesterov momentum); the learning rate decays on a cosine over ``epochs``.
+        lr: Learning rate.
+        momentum: SGD momentum (``sgd`` only).
+        weight_decay: L2 penalty.
+        batch_size: Samples per batch.
+        epochs: Epochs of ``SupernetTrainer.fit``.
+        precision: ``"fp32"``, ``"bf16"`` (CPU or GPU) or ``"fp16"`` (GPU only, loss scaling).
+        grad_clip: Clip the gradient norm to this value (``0``: no clipping).
+        bn_recalibration_batches: Training batches used to recompute a subnet's BatchNorm
+            statistics before it is scored.
+        seed: Seed of path sampling and data order.
+    """
+
+    paths_per_batch: int = 10
+    sampling: str = "uniform"
+    optimizer: str = "adam"
+    lr: float = 0.01
+    momentum: float = 0.9
+    weight_decay: float = 3e-4
+    batch_size: int = 64
+    epochs: int = 10
+    precision: str = "fp32"
+    grad_clip: float = 5.0
+    bn_recalibration_batches: int = 4
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in (
+            "paths_per_batch",
+            "batch_size",
+            "epochs",
+            "bn_recalibration_batches",
+            "seed",
+        ):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"`{name}` must be an int, but got {value!r}.")
+        for name in ("paths_per_batch", "batch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"`{name}` is {getattr(self, name)}, but must be >= 1.")
+        for name in ("epochs", "bn_recalibration_batches"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"`{name}` is {getattr(self, name)}, but must be >= 0.")
+        for name in ("lr", "momentum", "weight_decay", "grad_clip"):
+            value = getattr(self, name)
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or not math.isfinite(value)
+            ):
+                raise ValueError(f"`{name}` is {value!r}, but must be a finite number.")
+            if (name == "lr" and value <= 0) or value < 0:
+                raise ValueError(
+                    f"`{name}` is {value!r}, but must be {'> 0' if name == 'lr' else '>= 0'}."
+                )
+        if self.optimizer not in ("adam", "sgd"):
+            raise ValueError(f"`optimizer` is {self.optimizer!r}, but must be 'adam' or 'sgd'.")
+        if self.momentum >= 1:
+            raise ValueError(f"`momentum` is {self.momentum}, but must be < 1.")
+        try:
+            Precision(self.precision)
+        except ValueError:
+            raise ValueError(
+                f"`precision` is {self.precision!r}, but must be one of "
+                f"{[p.value for p in Precision]}."
+            ) from None
+        try:
+            PathSampling(self.sampling)
+        except ValueError:
+            raise ValueError(
+                f"`sampling` is {self.sampling!r}, but must be one of "
+                f"{[s.value for s in PathSampling]}."
+            ) from None
+
+
+def autocast_context(
+    precision: Precision | str, device: torch.device | str
+) -> contextlib.AbstractContextManager[Any]:
+    """The autocast context of ``precision`` on ``device`` (a no-op for fp32)."""
+    precision = Precision(precision)
+    device_type = torch.device(device).type
+    if precision == Precision.FP32:
+        return contextlib.nullcontext()
+    if precision == Precision.FP16 and device_type != "cuda":
+        raise ValueError("fp16 runs on a GPU only (with a loss scaler); use bf16 on a CPU.")
+    dtype = torch.bfloat16 if precision == Precision.BF16 else torch.float16
+    return torch.autocast(device_type=device_type, dtype=dtype)
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """Outcome of one ``train_step``: mean loss of the paths, and whether it was finite."""
+
+    loss: float
+    finite: bool
+    paths: int
+
+
+def train_step(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    archs: Sequence[Architecture | None],
+    *,
+    precision: Precision | str = Precision.FP32,
+    scaler: torch.amp.GradScaler | None = None,
+    grad_clip: float = 0.0,
+) -> StepResult:
+    """One optimizer step with gradients accumulated over ``archs`` on the batch ``(x, y)``.
+
+    ``model(x, arch)`` is called per path (``model(x)`` for a ``None`` path, e.g. a plain
+    subnet). A non-finite loss skips the update (the gradients are dropped) and is reported
+    in the result, so the caller decides whether to fail the trial.
+    """
+    if not archs:
+        raise ValueError("`archs` is empty; give at least one path.")
+    optimizer.zero_grad(set_to_none=True)
+    k = len(archs)
+    total = 0.0
+    finite = True
+    for arch in archs:
+        with autocast_context(precision, x.device):
+            logits = model(x) if arch is None else model(x, arch)
+            loss = F.cross_entropy(logits.float(), y) / k
+        if not torch.isfinite(loss):
+            finite = False
+            total = float("nan")
+            break
+        total += float(loss.detach()) * k
+        if scaler is not None:
+            scaler.scale(loss).backward()
+        else:
+            loss.backward()
+    if not finite:
+        optimizer.zero_grad(set_to_none=True)
+        return StepResult(float("nan"), False, k)
+    if scaler is not None:
+        scaler.unscale_(optimizer)
+    if grad_clip > 0:
+        params = [p for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+        torch.nn.utils.clip_grad_norm_(params, grad_clip)
+    if scaler is not None:
+        scaler.step(optimizer)
+        scaler.update()
+    else:
+        optimizer.step()
+    return StepResult(total / k, True, k)
+
+
+def recalibrate_batch_norm(
+    model: nn.Module,
+    batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
+    *,
+    forward: Callable[[torch.Tensor], Any] | None = None,
+) -> int:
+    """Recompute the BatchNorm running statistics of ``model`` as the plain average over
+    ``batches`` (train-mode forwards, no gradients). Returns the number of batches used.
+
+    Shared BatchNorm statistics are a mixture over all paths; a subnet is scored with its own.
+    """
+    norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    if not norms:
+        return 0
+    saved = [(m.momentum, m.training) for m in norms]
+    was_training = model.training
+    for m in norms:
+        m.reset_running_stats()
+        m.momentum = None  # cumulative moving average
+    model.train()
+    used = 0
+    try:
+        with torch.no_grad():
+            for x, _ in batches:
+                (forward or model)(x)
+                used += 1
+    finally:
+        model.train(was_training)
+        for m, (momentum, training) in zip(norms, saved):
+            m.momentum = momentum
+            m.train(training if not was_training else True)
+    return used
+
+
+def make_optimizer(
+    params: Iterable[nn.Parameter], config: SupernetTrainingConfig
+) -> torch.optim.Optimizer:
+    """The fp32 optimizer of ``config`` (its state stays fp32 under autocast)."""
+    if config.optimizer == "adam":
+        return torch.optim.Adam(params, lr=config.lr, weight_decay=config.weight_decay)
+    return torch.optim.SGD(
+        params,
+        lr=config.lr,
+        momentum=config.momentum,
+        nesterov=config.momentum > 0,
+        weight_decay=config.weight_decay,
+    )
+
+
+class SupernetTrainer:
+    """The training loop of a ``SuperNet`` (single-path one-shot, ``k`` paths per batch).
+
+    Args:
+        supernet: The network to train (moved to ``device``).
+        config: Training options.
+        device: ``"cpu"`` or a CUDA device.
+
+    Example:
+        >>> from optuna_hpcnas import HierarchicalSearchSpace
+        >>> from optuna_hpcnas.data import load_digits_task
+        >>> space = HierarchicalSearchSpace.preset("digits-small")
+        >>> data = load_digits_task()
+        >>> net = SuperNet(space, input_shape=data.input_shape, num_classes=data.num_classes)
+        >>> trainer = SupernetTrainer(net, SupernetTrainingConfig(paths_per_batch=2, epochs=1))
+        >>> history = trainer.fit(data.train, max_batches=3)
+        >>> len(history)
+        1
+    """
+
+    def __init__(
+        self,
+        supernet: SuperNet,
+        config: SupernetTrainingConfig | None = None,
+        *,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        if not isinstance(supernet, SuperNet):
+            raise TypeError(f"`supernet` must be a SuperNet, but got {type(supernet).__name__}.")
+        self.config = config if config is not None else SupernetTrainingConfig()
+        if not isinstance(self.config, SupernetTrainingConfig):
+            raise TypeError(f"`config` must be a SupernetTrainingConfig, but got {config!r}.")
+        self.device = torch.device(device)
+        self.precision = Precision(self.config.precision)
+        if self.precision == Precision.FP16 and self.device.type != "cuda":
+            raise ValueError("`precision` is 'fp16', which needs a GPU; use 'bf16' on a CPU.")
+        self.supernet = supernet.to(self.device)
+        self.space = supernet.space
+        self.optimizer = make_optimizer(supernet.parameters(), self.config)
+        self.scaler = torch.amp.GradScaler("cuda") if self.precision == Precision.FP16 else None
+        self._rng = np.random.default_rng(self.config.seed)
+        self._generator = torch.Generator().manual_seed(self.config.seed)
+        self._population: list[Architecture] = []
+        self.steps = 0
+        self.epochs_done = 0
+        self.skipped_steps = 0
+
+    # ------------------------------------------------------------------ paths
+    def set_population(self, archs: Iterable[Architecture]) -> None:
+        """The live population that ``sampling="population"`` draws paths from."""
+        self._population = list(archs)
+
+    def sample_paths(self, k: int | None = None) -> list[Architecture]:
+        k = self.config.paths_per_batch if k is None else k
+        if PathSampling(self.config.sampling) == PathSampling.POPULATION and self._population:
+            idx = self._rng.integers(len(self._population), size=k)
+            return [self._population[int(i)] for i in idx]
+        return [self.space.sample(self._rng) for _ in range(k)]
+
+    # ------------------------------------------------------------------ loop
+    def _lr_at(self, epoch: float) -> float:
+        total = max(self.config.epochs, 1)
+        return 0.5 * self.config.lr * (1 + math.cos(math.pi * min(epoch / total, 1.0)))
+
+    def train_epoch(self, dataset: Any, *, max_batches: int | None = None) -> float:
+        """One epoch over ``dataset`` (cosine-decayed learning rate); the mean path loss."""
+        self.supernet.train()
+        losses = []
+        batches = list(
+            iterate_batches(
+                dataset, self.config.batch_size, shuffle=True, generator=self._generator
+            )
+        )
+        if max_batches is not None:
+            batches = batches[:max_batches]
+        for b, (x, y) in enumerate(batches):
+            for group in self.optimizer.param_groups:
+                group["lr"] = self._lr_at(self.epochs_done + b / max(len(batches), 1))
+            result = train_step(
+                self.supernet,
+                self.optimizer,
+                x.to(self.device),
+                y.to(self.device),
+                self.sample_paths(),
+                precision=self.precision,
+                scaler=self.scaler,
+                grad_clip=self.config.grad_clip,
+            )
+            self.steps += 1
+            if result.finite:
+                losses.append(result.loss)
+            else:
+                self.skipped_steps += 1
+                _logger.warning("Non-finite supernet loss at step %d; update skipped.", self.steps)
+        self.epochs_done += 1
+        return float(np.mean(losses)) if losses else float("nan")
+
+    def fit(
+        self, dataset: Any, *, epochs: int | None = None, max_batches: int | None = None
+    ) -> list[float]:
+        """``epochs`` (default ``config.epochs``) epochs; the mean loss of each."""
+        n = self.config.epochs if epochs is None else epochs
+        history = []
+        for _ in range(n):
+            history.append(self.train_epoch(dataset, max_batches=max_batches))
+            _logger.info("supernet epoch %d: loss %.4f", self.epochs_done, history[-1])
+        return history
+
+    # ------------------------------------------------------------------ scoring
+    def calibrated_subnet(self, arch: Architecture, dataset: Any) -> nn.Module:
+        """``supernet.subnet(arch)`` with BatchNorm statistics recomputed on ``dataset``."""
+        sub = self.supernet.subnet(arch).to(self.device)
+        generator = torch.Generator().manual_seed(self.config.seed)
+        batches = iterate_batches(
+            dataset, self.config.batch_size, shuffle=True, generator=generator
+        )
+        limited = (b for _, b in zip(range(self.config.bn_recalibration_batches), batches))
+        recalibrate_batch_norm(sub, ((x.to(self.device), y) for x, y in limited))
+        return sub.eval()
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> dict[str, Any]:
+        """A snapshot of the weights, optimizer state and RNG states, as tensors and plain
+        values (no pickled objects): later training does not change it.
+        """
+        bit = self._rng.bit_generator.state
+        return {
+            "supernet": {k: v.detach().clone() for k, v in self.supernet.state_dict().items()},
+            "optimizer": copy.deepcopy(self.optimizer.state_dict()),
+            "scaler": self.scaler.state_dict() if self.scaler is not None else {},
+            "rng": {
+                "numpy": {
+                    "bit_generator": bit["bit_generator"],
+                    "state": int(bit["state"]["state"]),
+                    "inc": int(bit["state"]["inc"]),
+                    "has_uint32": int(bit["has_uint32"]),
+                    "uinteger": int(bit["uinteger"]),
+                },
+                "torch": self._generator.get_state(),
+            },
+            "steps": self.steps,
+            "epochs_done": self.epochs_done,
+            "skipped_steps": self.skipped_steps,
+            "population": [a.to_json() for a in self._population],
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.supernet.load_state_dict(state["supernet"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.scaler is not None and state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
+        rng = state["rng"]["numpy"]
+        self._rng.bit_generator.state = {
+            "bit_generator": rng["bit_generator"],
+            "state": {"state": int(rng["state"]), "inc": int(rng["inc"])},
+            "has_uint32": int(rng["has_uint32"]),
+            "uinteger": int(rng["uinteger"]),
+        }
+        self._generator.set_state(state["rng"]["torch"])
+        self.steps = int(state["steps"])
+        self.epochs_done = int(state["epochs_done"])
+        self.skipped_steps = int(state.get("skipped_steps", 0))
+        self._population = [Architecture.from_json(a) for a in state.get("population", [])]

@@ -1,0 +1,150 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from optuna_hpcnas.config import config_from_dict
+from optuna_hpcnas.config import ConfigError
+from optuna_hpcnas.config import load_config
+from optuna_hpcnas.config import RunConfig
+from optuna_hpcnas.distributed import DistributedConfig
+
+FULL = """
+[study]
+name = "digits"
+storage = "sqlite:///nas.db"
+directions = ["maximize", "minimize"]
+n_trials = 40
+timeout = 600
+[space]
+preset = "digits-small"
+overrides = { max_ranks = 2, data_parallel = [1, 2] }
+[sampler]
+name = "nsga2"
+seed = 1
+kwargs = { population_size = 8 }
+[pruner]
+name = "median"
+kwargs = { n_startup_trials = 2 }
+[training]
+epochs = 3
+lr = 0.001
+[objective]
+metrics = ["accuracy", "flops"]
+[data]
+name = "digits"
+[distributed]
+group_size = 2
+sync_interval = 3
+compression = "powersgd"
+zero_stage = 1
+precision = "bf16"
+[checkpoints]
+enabled = true
+[metrics]
+port = 9000
+"""
+
+
+def _write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "nas.toml"
+    path.write_text(text)
+    return path
+
+
+def test_full_config_maps_every_table(tmp_path: Path) -> None:
+    config = load_config(_write(tmp_path, FULL))
+    assert isinstance(config, RunConfig)
+    assert config.study.directions == ("maximize", "minimize")
+    assert config.distributed == DistributedConfig(
+        group_size=2, sync_interval=3, compression="powersgd", zero_stage=1, precision="bf16"
+    )
+    assert config.objective.metrics == ("accuracy", "flops")
+    assert config.metrics.port == 9000 and config.checkpoints.enabled
+    space = config.space.build()
+    assert space.max_ranks == 2
+    sampler = config.sampler.build()
+    assert type(sampler).__name__ == "NSGAIISampler"
+    assert type(config.pruner.build()).__name__ == "MedianPruner"
+
+
+def test_overrides_as_strings_and_mapping(tmp_path: Path) -> None:
+    path = _write(tmp_path, FULL)
+    config = load_config(path, ["distributed.group_size=4", "study.name=other"])
+    assert config.distributed.group_size == 4 and config.study.name == "other"
+    config = load_config(path, {"training.epochs": 7, "space.overrides.max_ranks": 4})
+    assert config.training.epochs == 7 and config.space.build().max_ranks == 4
+
+
+def test_unknown_key_names_the_key_and_the_allowed_ones(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"`group_sise` in \[distributed\].*'group_size'"):
+        load_config(_write(tmp_path, "[study]\nn_trials = 1\n[distributed]\ngroup_sise = 2\n"))
+    with pytest.raises(ConfigError, match=r"Unknown section \[distributd\]"):
+        config_from_dict({"study": {"n_trials": 1}, "distributd": {}})
+    with pytest.raises(ConfigError, match="Unknown section"):
+        load_config(_write(tmp_path, "[study]\nn_trials = 1\n"), ["nope.key=1"])
+
+
+@pytest.mark.parametrize(
+    ("table", "message"),
+    [
+        ({"distributed": {"precision": "fp8"}}, r"`precision` is 'fp8'.*'bf16'"),
+        ({"distributed": {"zero_stage": 4}}, r"`zero_stage` is 4"),
+        ({"distributed": {"group_size": 0}}, r"`group_size` is 0"),
+        ({"distributed": {"group_size": "2"}}, r"`group_size` must be an int"),
+        ({"distributed": {"compression": "topk"}}, r"'none', 'powersgd'"),
+        ({"sampler": {"name": "cmaes"}}, r"`name` is 'cmaes'.*'evolutionary'"),
+        ({"pruner": {"name": "asha"}}, r"`name` is 'asha'"),
+        ({"space": {"preset": "imagenet"}}, r"`preset` is 'imagenet'.*'digits-small'"),
+        ({"objective": {"metrics": ["acc"]}}, r"`metrics` is 'acc'"),
+        ({"training": {"device": "tpu"}}, r"`device` is 'tpu'"),
+    ],
+)
+def test_bad_values_raise_with_the_allowed_values(table: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        config_from_dict({"study": {"n_trials": 1}, **table})
+
+
+def test_study_needs_an_end_and_one_direction_per_metric() -> None:
+    with pytest.raises(ConfigError, match="n_trials` or `timeout"):
+        config_from_dict({"study": {}})
+    with pytest.raises(ConfigError, match="missing"):
+        config_from_dict({})
+    with pytest.raises(ConfigError, match="one direction per metric"):
+        config_from_dict(
+            {"study": {"n_trials": 1}, "objective": {"metrics": ["accuracy", "flops"]}}
+        )
+
+
+def test_storage_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    config = config_from_dict({"study": {"n_trials": 1}})
+    monkeypatch.delenv("OPTUNA_STORAGE", raising=False)
+    assert config.study.resolved_storage() is None
+    monkeypatch.setenv("OPTUNA_STORAGE", "postgresql+psycopg://u@127.0.0.1/db")
+    assert config.study.resolved_storage() == "postgresql+psycopg://u@127.0.0.1/db"
+    explicit = config_from_dict({"study": {"n_trials": 1, "storage": "sqlite:///x.db"}})
+    assert explicit.study.resolved_storage() == "sqlite:///x.db"
+
+
+def test_supernet_alias_and_invalid_toml(tmp_path: Path) -> None:
+    config = config_from_dict({"study": {"n_trials": 1}, "supernet": {"epochs": 4}})
+    assert config.training.epochs == 4
+    with pytest.raises(ConfigError, match="not both"):
+        config_from_dict({"study": {"n_trials": 1}, "supernet": {}, "training": {}})
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(_write(tmp_path, "[study\n"))
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "missing.toml")
+
+
+def test_config_and_distributed_import_no_heavy_dependency() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, optuna_hpcnas.config, optuna_hpcnas.distributed; "
+        "print(','.join(m for m in ('torch', 'deepspeed', 'mpi4py') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ""

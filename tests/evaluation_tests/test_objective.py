@@ -1,0 +1,167 @@
+from __future__ import annotations
+
+import gc
+import math
+from typing import Any
+import weakref
+
+import optuna
+import pytest
+import torch
+from torch.utils.data import TensorDataset
+
+from optuna_hpcnas import _keys
+from optuna_hpcnas import HierarchicalSearchSpace
+from optuna_hpcnas.data import make_sequence_task
+from optuna_hpcnas.data import TaskData
+from optuna_hpcnas.evaluation import _objective
+from optuna_hpcnas.evaluation import LatencyPredictor
+from optuna_hpcnas.evaluation import ObjectiveConfig
+from optuna_hpcnas.evaluation import SupernetObjective
+from optuna_hpcnas.pruners import Stage
+from optuna_hpcnas.pruners import StagedPruner
+from optuna_hpcnas.pruners import StagePlan
+from optuna_hpcnas.supernet import SupernetTrainingConfig
+
+SPACE = HierarchicalSearchSpace(
+    num_cells=2, operators=("conv3x3", "maxpool3x3", "identity"), widths=(4, 8)
+)
+PLAN = StagePlan(stages=(Stage("quick", 1, 1e-3, promote=0.5), Stage("full", 2, 1e-2)), patience=0)
+
+
+def _task(n: int = 60, *, nan: bool = False) -> TaskData:
+    g = torch.Generator().manual_seed(0)
+    y = torch.randint(0, 3, (n,), generator=g)
+    x = torch.randn(n, 1, 6, 6, generator=g) + y[:, None, None, None].float()
+    if nan:
+        x[:] = float("nan")
+    ds = TensorDataset(x, y)
+    return TaskData(ds, ds, ds, input_shape=(1, 6, 6), num_classes=3)
+
+
+def _objective_for(data: TaskData, **config: Any) -> SupernetObjective:
+    return SupernetObjective(
+        SPACE,
+        data,
+        training=SupernetTrainingConfig(paths_per_batch=2, batch_size=32, epochs=1),
+        plan=PLAN,
+        config=ObjectiveConfig(latency_repeats=1, batch_size=32, **config),
+    )
+
+
+def test_staged_search_records_architecture_costs_and_stage() -> None:
+    objective = _objective_for(_task())
+    objective.train_supernet()
+    study = optuna.create_study(direction="maximize", pruner=StagedPruner(PLAN))
+    study.optimize(objective, n_trials=4)
+    states = [t.state for t in study.trials]
+    assert optuna.trial.TrialState.COMPLETE in states
+    for t in study.trials:
+        ua = t.user_attrs
+        assert SPACE.contains(optuna_hpcnas_arch(ua[_keys.OBJECTIVE_ARCH]))
+        assert ua["flops"] >= 0 and ua["params"] > 0 and ua["latency_s"] > 0
+        assert ua["predicted_latency_s"] > 0 and 0 <= ua["inherited_accuracy"] <= 1
+        assert ua["stage"] in ("quick", "full")
+        if t.state == optuna.trial.TrialState.COMPLETE:
+            assert ua["stage"] == "full" and ua["epochs"] == 3
+            assert t.intermediate_values and t.value == max(t.intermediate_values.values())
+        else:
+            assert ua["stage"] == "quick" and t.last_step == 1
+
+
+def optuna_hpcnas_arch(text: str) -> Any:
+    from optuna_hpcnas import Architecture
+
+    return Architecture.from_json(text)
+
+
+def test_scalarised_value_and_hard_limits() -> None:
+    objective = _objective_for(_task(), flops_weight=0.01, max_flops=1.0, last_stage="quick")
+    study = optuna.create_study(direction="maximize")
+    study.optimize(objective, n_trials=2)
+    for t in study.trials:
+        ua = t.user_attrs
+        expected = ua["accuracy"] + 0.01 * math.log(1.0 / max(ua["flops"], 1.0))
+        assert t.value == pytest.approx(expected)
+        assert ua["epochs"] == 1
+        constraint = t.system_attrs["constraints:hpcnas.max_flops"]
+        assert constraint == pytest.approx(ua["flops"] / 1.0 - 1.0)
+
+
+def test_multi_objective_returns_every_objective() -> None:
+    objective = _objective_for(
+        _task(), objectives=("accuracy", "flops", "params", "latency"), latency="predicted"
+    )
+    assert objective.directions == ["maximize", "minimize", "minimize", "minimize"]
+    study = optuna.create_study(directions=objective.directions)
+    study.optimize(objective, n_trials=2)
+    for t in study.trials:
+        ua = t.user_attrs
+        assert t.values == [ua["accuracy"], ua["flops"], ua["params"], ua["predicted_latency_s"]]
+        assert ua["epochs"] == 3  # both stages of PLAN when no pruner stops it
+
+
+@pytest.mark.parametrize("on_nan,state", [("fail", "FAIL"), ("prune", "PRUNED")])
+def test_non_finite_loss_ends_the_trial_with_a_reason(on_nan: str, state: str) -> None:
+    objective = _objective_for(_task(nan=True), on_nan=on_nan)
+    study = optuna.create_study(direction="maximize")
+    study.optimize(objective, n_trials=2)  # the study goes on
+    assert [t.state.name for t in study.trials] == [state, state]
+    assert "non-finite loss" in study.trials[0].user_attrs[_keys.OBJECTIVE_FAIL_REASON]
+
+
+def test_out_of_memory_fails_only_that_trial_and_frees_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    objective = _objective_for(_task(), last_stage="quick")
+    seen: list[weakref.ref] = []
+    real = _objective.train_step
+
+    def flaky(model: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+        if not seen:
+            seen.append(weakref.ref(model))
+            raise torch.OutOfMemoryError("injected: out of memory")
+        return real(model, *args, **kwargs)
+
+    monkeypatch.setattr(_objective, "train_step", flaky)
+    study = optuna.create_study(direction="maximize")
+    study.optimize(objective, n_trials=2)
+    first, second = study.trials
+    assert first.state == optuna.trial.TrialState.FAIL
+    assert "out of memory" in first.user_attrs[_keys.OBJECTIVE_FAIL_REASON]
+    gc.collect()
+    assert seen[0]() is None  # the failed subnet was released
+    assert second.state == optuna.trial.TrialState.COMPLETE
+
+
+def test_data_that_does_not_fit_fails_before_training() -> None:
+    with pytest.raises(ValueError, match="'sequence' task"):
+        SupernetObjective(SPACE, make_sequence_task(num_samples=60, num_classes=3))
+    good = _task()
+    wrong = TaskData(good.train, good.valid, good.test, input_shape=(1, 8, 8), num_classes=3)
+    with pytest.raises(ValueError, match=r"shape \(1, 6, 6\)"):
+        SupernetObjective(SPACE, wrong)
+    with pytest.raises(ValueError, match="objectives"):
+        ObjectiveConfig(objectives=("accuracy", "energy"))
+    with pytest.raises(ValueError, match="scalarise"):
+        ObjectiveConfig(objectives=("accuracy", "flops"), flops_weight=0.1)
+
+
+def test_latency_predictor_is_a_per_layer_table() -> None:
+    objective = _objective_for(_task())
+    predictor = LatencyPredictor(objective.supernet, repeats=2)
+    archs = list(SPACE.enumerate())[:6]
+    added = predictor.calibrate(archs)
+    assert added == len(predictor.table) > 0
+    assert predictor.calibrate(archs) == 0  # nothing new to measure
+    arch = archs[3]
+    assert predictor.predict(arch) == pytest.approx(
+        sum(v for k, v in predictor.table.items() if k in predictor._keys(arch))
+    )
+    copy = LatencyPredictor(objective.supernet)
+    copy.load_table(predictor.table)
+    assert copy.predict(arch) == predictor.predict(arch)
+
+
+def test_lazy_top_level_objective() -> None:
+    import optuna_hpcnas
+
+    assert optuna_hpcnas.SupernetObjective is SupernetObjective

@@ -1,0 +1,118 @@
+from __future__ import annotations
+
+import optuna
+import pytest
+
+from optuna_hpcnas import _keys
+from optuna_hpcnas.pruners import Stage
+from optuna_hpcnas.pruners import StagedPruner
+from optuna_hpcnas.pruners import StagePlan
+
+
+def test_default_plan_is_the_articles_plan() -> None:
+    plan = StagePlan()
+    assert [(s.name, s.epochs, s.lr) for s in plan.stages] == [
+        ("quick", 1, 1e-3),
+        ("medium", 5, 1e-2),
+        ("full", 50, 1e-1),
+    ]
+    assert plan.patience == 3 and plan.boundaries == (1, 6, 56)
+    assert [plan.stage_index(e) for e in (1, 2, 6, 7, 56)] == [0, 1, 1, 2, 2]
+    scaled = StagePlan(scale=0.1)
+    assert [s.epochs for s in scaled.stages] == [1, 1, 5]
+
+
+def test_plan_from_a_toml_table_and_validation() -> None:
+    table = {
+        "stages": [{"name": "a", "epochs": 2, "lr": 0.1}, {"name": "b", "epochs": 3, "lr": 0.01}],
+        "patience": 2,
+    }
+    plan = StagePlan(**table)
+    assert plan.stages[1] == Stage("b", 3, 0.01) and plan.patience == 2
+    with pytest.raises(ValueError, match="duplicate"):
+        StagePlan(stages=(Stage("a", 1, 0.1), Stage("a", 1, 0.1)))
+    with pytest.raises(ValueError, match="epochs"):
+        Stage("a", 0, 0.1)
+    with pytest.raises(ValueError, match="promote"):
+        Stage("a", 1, 0.1, promote=1.5)
+    with pytest.raises(ValueError, match="patience"):
+        StagePlan(patience=-1)
+    with pytest.raises(TypeError, match="plan"):
+        StagedPruner(plan=3)  # type: ignore[arg-type]
+
+
+def _plan() -> StagePlan:
+    return StagePlan(
+        stages=(Stage("quick", 1, 1e-3, promote=0.5), Stage("full", 4, 1e-2)), patience=0
+    )
+
+
+def _run(study: optuna.Study, values: list[float]) -> optuna.trial.Trial:
+    trial = study.ask()
+    for step, value in enumerate(values, start=1):
+        trial.report(value, step)
+        if trial.should_prune():
+            study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+            return trial
+    study.tell(trial, values[-1])
+    return trial
+
+
+def test_promotion_is_decided_from_the_storage_by_all_workers(tmp_path) -> None:
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    first = optuna.create_study(storage=url, direction="maximize", pruner=StagedPruner(_plan()))
+    second = optuna.load_study(
+        study_name=first.study_name, storage=url, pruner=StagedPruner(_plan())
+    )
+    _run(first, [0.8, 0.85])  # the first trial is the best so far: promoted
+    pruned = _run(second, [0.3, 0.9])  # worker two sees worker one's stage value
+    promoted = _run(second, [0.9, 0.95])
+    low = _run(first, [0.5, 0.6])  # 4 competitors, share 0.5: top 2 go on
+    trials = first.get_trials()
+    states = [t.state for t in trials]
+    assert states == [
+        optuna.trial.TrialState.COMPLETE,
+        optuna.trial.TrialState.PRUNED,
+        optuna.trial.TrialState.COMPLETE,
+        optuna.trial.TrialState.PRUNED,
+    ]
+    assert trials[pruned.number].last_step == 1 and trials[promoted.number].last_step == 2
+    assert (
+        "not promoted after stage 'quick'" in trials[low.number].system_attrs[_keys.PRUNER_REASON]
+    )
+    assert StagedPruner.stage_reached(trials[promoted.number]) == "full"
+    assert StagedPruner.stage_reached(trials[pruned.number]) == "quick"
+    assert trials[0].system_attrs[_keys.PRUNER_STAGE_VALUE + "quick"] == 0.8
+
+
+def test_minimize_direction_promotes_low_values() -> None:
+    study = optuna.create_study(direction="minimize", pruner=StagedPruner(_plan()))
+    _run(study, [1.0, 0.9])
+    assert _run(study, [0.5, 0.4]).number == 1
+    assert study.trials[1].state == optuna.trial.TrialState.COMPLETE
+    _run(study, [2.0, 0.1])
+    assert study.trials[2].state == optuna.trial.TrialState.PRUNED
+
+
+def test_patience_stops_a_stalled_trial() -> None:
+    plan = StagePlan(stages=(Stage("only", 20, 0.1),), patience=3)
+    study = optuna.create_study(direction="maximize", pruner=StagedPruner(plan))
+    _run(study, [0.5, 0.6, 0.6, 0.55, 0.6, 0.6, 0.7])
+    trial = study.trials[0]
+    assert trial.state == optuna.trial.TrialState.PRUNED
+    assert trial.last_step == 5  # epochs 3, 4, 5 did not beat 0.6
+    assert "no improvement for 3 epochs" in trial.system_attrs[_keys.PRUNER_REASON]
+    _run(study, [0.5, 0.6, 0.6, 0.55, 0.65, 0.6, 0.7])
+    assert study.trials[1].state == optuna.trial.TrialState.COMPLETE
+    override = StagedPruner(plan, patience=0)
+    assert override.plan.patience == 0
+
+
+def test_non_finite_reports_are_pruned_and_multi_objective_refused() -> None:
+    study = optuna.create_study(direction="maximize", pruner=StagedPruner(_plan()))
+    _run(study, [float("nan")])
+    assert study.trials[0].state == optuna.trial.TrialState.PRUNED
+    multi = optuna.create_study(directions=["maximize", "minimize"], pruner=StagedPruner())
+    trial = multi.ask()
+    with pytest.raises(RuntimeError, match="single-objective"):
+        StagedPruner().prune(multi, multi._storage.get_trial(trial._trial_id))
