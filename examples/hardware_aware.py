@@ -1,8 +1,9 @@
 """Hardware-aware multi-objective search: accuracy against measured latency, with a limit.
 
-Two objectives (maximise accuracy, minimise latency on this machine) searched by NSGA-II;
-architectures slower than ``--latency-limit-ms`` are infeasible through
-``trial.set_constraint``, so the Pareto front only holds candidates that fit the budget.
+Two objectives (maximise accuracy, minimise the latency measured on this machine) searched by
+NSGA-II on weight-sharing evaluations. Architectures slower than ``--latency-limit-ms`` are
+infeasible (``SupernetObjective`` records the limit through ``trial.set_constraint``), so the
+Pareto front only holds candidates that fit the budget.
 
     python examples/hardware_aware.py --trials 40 --latency-limit-ms 0.5
 """
@@ -16,18 +17,18 @@ import optuna
 
 from optuna_hpcnas import HierarchicalSearchSpace
 from optuna_hpcnas.dashboard import prepare_study
-from optuna_hpcnas.dashboard import record_trial
 from optuna_hpcnas.dashboard import save_dashboard_plots
 from optuna_hpcnas.data import load_digits_task
-from optuna_hpcnas.evaluation import train_from_scratch
-
-LATENCY = "latency_limit"
+from optuna_hpcnas.evaluation import ObjectiveConfig
+from optuna_hpcnas.evaluation import SupernetObjective
+from optuna_hpcnas.supernet import SupernetTrainingConfig
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description="Accuracy vs latency on digits")
     parser.add_argument("--trials", type=int, default=40)
-    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--epochs", type=int, default=5, help="supernet training epochs")
+    parser.add_argument("--max-batches", type=int, default=None, help="cap batches per epoch")
     parser.add_argument("--latency-limit-ms", type=float, default=0.5)
     parser.add_argument(
         "--storage", default=os.environ.get("OPTUNA_STORAGE", "sqlite:///examples.db")
@@ -37,31 +38,27 @@ def main() -> None:
     args = parser.parse_args()
 
     space = HierarchicalSearchSpace.preset("digits-small")
-    data = load_digits_task(seed=args.seed)
-    limit_s = args.latency_limit_ms / 1000.0
+    objective = SupernetObjective(
+        space,
+        load_digits_task(seed=args.seed),
+        training=SupernetTrainingConfig(paths_per_batch=4, epochs=args.epochs, seed=args.seed),
+        config=ObjectiveConfig(
+            objectives=("accuracy", "latency"),
+            max_latency_s=args.latency_limit_ms / 1000.0,
+            max_batches_per_epoch=args.max_batches,
+            latency_repeats=15,
+        ),
+        seed=args.seed,
+    )
+    objective.train_supernet(max_batches=args.max_batches)
     study = optuna.create_study(
         study_name=args.study_name,
         storage=args.storage,
-        directions=["maximize", "minimize"],
+        directions=objective.directions,
         sampler=optuna.samplers.NSGAIISampler(seed=args.seed, population_size=8),
         load_if_exists=True,
     )
     prepare_study(study, ["accuracy", "latency_s"])
-
-    def objective(trial: optuna.Trial) -> tuple[float, float]:
-        arch = space.suggest(trial)
-        result = train_from_scratch(
-            space, arch, data, epochs=args.epochs, seed=args.seed, latency_repeats=15
-        )
-        latency = float(result["latency_s"])
-        # Feasible when <= 0: the sampler prefers feasible trials, the front ignores others.
-        trial.set_constraint(LATENCY, latency - limit_s)
-        record_trial(
-            trial, arch, flops=result["flops"], params=result["params"], latency_s=latency,
-            stage=f"{args.epochs} epochs",
-        )  # fmt: skip
-        return float(result["valid_accuracy"]), latency
-
     study.optimize(objective, n_trials=args.trials)
     save_dashboard_plots(study)
     front = sorted(study.best_trials, key=lambda t: -t.values[0])
@@ -69,7 +66,7 @@ def main() -> None:
     for t in front:
         print(
             f"  trial {t.number:3d}  accuracy {t.values[0]:.4f}  latency "
-            f"{1000 * t.values[1]:.3f} ms  {t.user_attrs['architecture_summary']}"
+            f"{1000 * t.values[1]:.3f} ms  {t.user_attrs['arch_description']}"
         )
     print(f"\n  hpcnas best --storage {args.storage} --study-name {study.study_name}")
 

@@ -57,7 +57,7 @@ def main() -> None:
     for label, study in results.items():
         print(f"{label:7s} best accuracy {study.best_value:.4f} after {len(study.trials)} trials")
     best = results["qubo"].best_trial
-    print(f"QUBO best: {best.user_attrs['architecture_summary']}")
+    print(f"QUBO best: {best.user_attrs['arch_description']}")
     print_next_steps(results["qubo"], args.storage)
 
 

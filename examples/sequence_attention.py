@@ -13,6 +13,7 @@ from _common import parse_args
 from _common import print_next_steps
 import optuna
 
+from optuna_hpcnas import Architecture
 from optuna_hpcnas import HierarchicalSearchSpace
 from optuna_hpcnas.dashboard import prepare_study
 from optuna_hpcnas.dashboard import record_trial
@@ -53,12 +54,12 @@ def main() -> None:
     ops = {}
     for t in study.trials:
         if t.state == optuna.trial.TrialState.COMPLETE:
-            for cell in t.user_attrs["architecture"]["cells"]:
-                ops.setdefault(cell["op"], []).append(t.value)
+            for cell in Architecture.from_json(t.user_attrs["arch"]).cells:
+                ops.setdefault(cell.op, []).append(t.value)
     print("mean accuracy of trials using each operator:")
     for op, values in sorted(ops.items(), key=lambda kv: -sum(kv[1]) / len(kv[1])):
         print(f"  {op:12s} {sum(values) / len(values):.3f}  ({len(values)} cells)")
-    print(f"best: {study.best_value:.4f} {study.best_trial.user_attrs['architecture_summary']}")
+    print(f"best: {study.best_value:.4f} {study.best_trial.user_attrs['arch_description']}")
     print_next_steps(study, args.storage)
 
 

@@ -102,15 +102,12 @@ def _system_attrs(study: optuna.Study) -> dict[str, Any]:
 
 
 def _architecture(study: optuna.Study, trial: FrozenTrial) -> Architecture | None:
-    from optuna_hpcnas.search_space import Architecture
+    from optuna_hpcnas._trial_attrs import architecture_of
     from optuna_hpcnas.search_space import HierarchicalSearchSpace
 
-    stored = trial.user_attrs.get(_keys.USER_ARCHITECTURE)
-    if isinstance(stored, dict):
-        try:
-            return Architecture.from_dict(stored)
-        except ValueError:
-            pass
+    arch = architecture_of(trial.user_attrs)
+    if arch is not None:
+        return arch
     space = HierarchicalSearchSpace.from_study(study)
     if space is None:
         return None
@@ -121,10 +118,11 @@ def _architecture(study: optuna.Study, trial: FrozenTrial) -> Architecture | Non
 
 
 def _describe(study: optuna.Study, trial: FrozenTrial) -> str:
-    for key in (_keys.USER_ARCHITECTURE_SUMMARY, _keys.USER_ARCHITECTURE):
-        summary = trial.user_attrs.get(key)
-        if isinstance(summary, str):  # the distributed runner stores the summary string
-            return summary
+    from optuna_hpcnas._trial_attrs import summary_of
+
+    summary = summary_of(trial.user_attrs)
+    if summary is not None:
+        return summary
     arch = _architecture(study, trial)
     return arch.describe() if arch is not None else json.dumps(trial.params, sort_keys=True)
 

@@ -17,6 +17,7 @@ from optuna.study import StudyDirection
 from optuna.trial import TrialState
 
 from optuna_hpcnas import _keys
+from optuna_hpcnas._trial_attrs import summary_of
 from optuna_hpcnas.search_space import Architecture
 
 if TYPE_CHECKING:
@@ -67,7 +68,7 @@ def record_trial(
     """Store a trial's architecture and costs as user attributes (shown by the dashboard)."""
     if not isinstance(arch, Architecture):
         raise TypeError(f"`arch` must be an Architecture, but got {type(arch).__name__}.")
-    trial.set_user_attr(_keys.USER_ARCHITECTURE, arch.to_dict())
+    trial.set_user_attr(_keys.USER_ARCHITECTURE, arch.to_json())
     trial.set_user_attr(_keys.USER_ARCHITECTURE_SUMMARY, arch.describe())
     for key, value in (
         (_keys.USER_FLOPS, flops),
@@ -80,10 +81,9 @@ def record_trial(
 
 
 def _summary(trial: FrozenTrial) -> str:
-    for key in (_keys.USER_ARCHITECTURE_SUMMARY, _keys.USER_ARCHITECTURE):
-        text = trial.user_attrs.get(key)
-        if isinstance(text, str):  # the distributed runner stores the summary string
-            return text
+    text = summary_of(trial.user_attrs)
+    if text is not None:
+        return text
     return ", ".join(f"{k}={v}" for k, v in trial.params.items())
 
 

@@ -45,7 +45,7 @@ def test_status_text_and_json(
     assert info["by_state"]["COMPLETE"] == 11 and info["progress"] == pytest.approx(0.6)
     assert info["best"]["values"] == [study.best_value]
     assert (
-        Architecture.from_dict(study.best_trial.user_attrs["architecture"]).describe()
+        Architecture.from_json(study.best_trial.user_attrs["arch"]).describe()
         == (info["best"]["architecture"])
     )
 
@@ -60,7 +60,7 @@ def test_best_single_objective_ranks_top_k(
         (t for t in study.trials if t.state.name == "COMPLETE"), key=lambda t: -t.value
     )[:3]
     assert [r["trial"] for r in rows] == [t.number for t in expected]
-    assert rows[0]["architecture"] == expected[0].user_attrs["architecture_summary"]
+    assert rows[0]["architecture"] == expected[0].user_attrs["arch_description"]
     code, out, _ = _run(capsys, "best", "--storage", sqlite_url, "--top", "3")
     assert out.splitlines()[0].startswith("top 3 of study 'digits'")
     assert "accuracy" in out.splitlines()[1] and "flops" in out.splitlines()[1]
@@ -140,7 +140,7 @@ def test_export_module_runs_without_our_code(
     meta = json.loads((out_dir / "architecture.json").read_text())
     assert meta["trial"] == study.best_trial.number
     arch = Architecture.from_dict(meta["architecture"])
-    assert arch.describe() == study.best_trial.user_attrs["architecture_summary"]
+    assert arch.describe() == study.best_trial.user_attrs["arch_description"]
     assert arch == space.from_params(study.best_trial.params)
     x = torch.randn(5, 1, 8, 8)
     expected = net.eval().subnet(arch).eval()(x)
@@ -211,3 +211,21 @@ def test_export_refuses_a_pruned_trial(
 ) -> None:
     code, _, err = _run(capsys, "export", "--storage", single_study[0], "--trial", "3")
     assert code == 2 and "not a completed trial" in err  # trial 3 was pruned
+
+
+def test_architecture_read_from_every_producer() -> None:
+    from optuna_hpcnas import HierarchicalSearchSpace
+    from optuna_hpcnas._trial_attrs import architecture_of
+    from optuna_hpcnas._trial_attrs import summary_of
+
+    arch = next(iter(HierarchicalSearchSpace.preset("digits-small").enumerate()))
+    # SupernetObjective / record_trial, an older dict, and the runner's description string.
+    for attrs in (
+        {"arch": arch.to_json(), "arch_description": arch.describe()},
+        {"architecture": arch.to_dict()},
+    ):
+        assert architecture_of(attrs) == arch
+        assert summary_of(attrs) == arch.describe()
+    runner = {"architecture": arch.describe()}
+    assert architecture_of(runner) is None and summary_of(runner) == arch.describe()
+    assert summary_of({}) is None

@@ -54,10 +54,12 @@ def _free_port() -> int:
 
 
 def _demo_study(url: str) -> optuna.Study:
-    """A reduced run of examples/hardware_aware.py: real training, measured latency."""
+    """A reduced run of examples/hardware_aware.py: weight sharing, measured latency."""
     argv = sys.argv
-    sys.argv = ["hardware_aware.py", "--trials", "4", "--epochs", "1", "--storage", url,
-                "--study-name", "demo"]  # fmt: skip
+    sys.argv = [
+        "hardware_aware.py", "--trials", "4", "--epochs", "1", "--max-batches", "2",
+        "--storage", url, "--study-name", "demo",
+    ]  # fmt: skip
     try:
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         runpy.run_path(str(REPO / "examples" / "hardware_aware.py"), run_name="__main__")
@@ -141,7 +143,7 @@ def test_dashboard_shows_trials_and_custom_plots(
     for t in study.trials:  # type: ignore[attr-defined]
         assert f"Trial {t.number}" in page
     # The selected trial's user attributes: architecture, FLOPs, latency, stage.
-    summary = best.user_attrs["architecture_summary"].replace(">", "&gt;")
+    summary = best.user_attrs["arch_description"].replace(">", "&gt;")
     assert summary in page
     for key in ("flops", "params", "latency_s", "stage"):
         assert key in page

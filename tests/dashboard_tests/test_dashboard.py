@@ -52,8 +52,8 @@ def test_record_trial_user_attrs() -> None:
     study = _study(multi=False, n=2)
     attrs = study.trials[0].user_attrs
     arch = SPACE.from_params(study.trials[0].params)
-    assert attrs["architecture"] == arch.to_dict()
-    assert attrs["architecture_summary"] == arch.describe()
+    assert attrs["arch"] == arch.to_json()
+    assert attrs["arch_description"] == arch.describe()
     assert attrs["stage"] == "quick" and isinstance(attrs["flops"], float)
     with pytest.raises(TypeError, match="Architecture"):
         record_trial(study.ask(), {"topology": "chain"})  # type: ignore[arg-type]
