@@ -229,3 +229,16 @@ def test_architecture_read_from_every_producer() -> None:
     runner = {"architecture": arch.describe()}
     assert architecture_of(runner) is None and summary_of(runner) == arch.describe()
     assert summary_of({}) is None
+
+
+def test_status_progress_counts_the_enqueued_budget(
+    sqlite_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The runner enqueues its whole budget as WAITING trials: progress is finished / all.
+    study = optuna.create_study(study_name="queued", storage=sqlite_url)
+    for x in (0.1, 0.2, 0.3, 0.4, 0.5):
+        study.enqueue_trial({"x": x})
+    study.optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=2)
+    code, out, _ = _run(capsys, "status", "--storage", sqlite_url)
+    assert code == 0
+    assert "progress     2/5 (40%)" in out and "WAITING 3" in out
