@@ -112,6 +112,7 @@ def export_architecture(
             with warnings.catch_warnings():
                 # The tracer warns about Python branches on static shapes: constants here.
                 warnings.simplefilter("ignore", torch.jit.TracerWarning)
+                warnings.simplefilter("ignore", DeprecationWarning)  # torch's own exporter
                 torch.onnx.export(
                     module,
                     example,
