@@ -232,6 +232,7 @@ class ProgressReporter:
             for t in new:
                 self._observe(t)
             self._metrics.update_from_study(study, n_trials=total)
+            self._compute_shares(study)
         if self._display and self._tty:
             if self._bar is None:
                 from tqdm.auto import tqdm
@@ -256,6 +257,19 @@ class ProgressReporter:
             self._stream.flush()
         seen.update(t.number for t in finished)
         self._seen = seen
+
+    def _compute_shares(self, study: Any) -> None:
+        # The distributed runner stores each rank's time shares when a run ends.
+        import json
+
+        text = study._storage.get_study_system_attrs(study._study_id).get(
+            "hpcnas:distributed:utilisation"
+        )
+        runs = json.loads(text) if isinstance(text, str) else []
+        if runs and isinstance(runs[-1], dict):
+            for i, rank in enumerate(runs[-1].get("ranks", [])):
+                share = float(rank.get("shares", {}).get("compute", 0.0))
+                self._metrics.set_compute_share(int(rank.get("rank", i)), min(1.0, share))
 
     def _observe(self, trial: Any) -> None:
         if trial.datetime_start is None or trial.datetime_complete is None:

@@ -126,3 +126,29 @@ def test_progress_thread_follows_the_storage(tmp_path) -> None:  # type: ignore[
     study.optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=2)
     reporter.stop()  # a last poll happens on stop
     assert len(stream.getvalue().splitlines()) == 2
+
+
+def test_progress_feeds_metrics_from_the_storage(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    from optuna_hpcnas.metrics import SearchMetrics
+
+    url = f"sqlite:///{tmp_path / 'p.db'}"
+    study = _study(url)
+    metrics = SearchMetrics()
+    reporter = ProgressReporter(
+        url, "p", n_trials=4, stream=io.StringIO(), display=False, metrics=metrics
+    )
+    study.optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=2)
+    runs = [{"ranks": [{"rank": 0, "shares": {"compute": 0.8}}, {"rank": 1, "shares": {
+        "compute": 0.6}}]}]  # fmt: skip
+    study._storage.set_study_system_attr(
+        study._study_id, "hpcnas:distributed:utilisation", json.dumps(runs)
+    )
+    reporter.poll(study)
+    text = metrics.exposition().decode()
+    assert 'hpcnas_trials{state="COMPLETE"} 2.0' in text
+    assert "hpcnas_search_progress_ratio 0.5" in text
+    assert 'hpcnas_trials_finished_total{state="COMPLETE"} 2.0' in text
+    assert 'hpcnas_rank_compute_share_ratio{rank="1"} 0.6' in text
+    assert 'hpcnas_evaluation_seconds_count{state="COMPLETE"} 2.0' in text
