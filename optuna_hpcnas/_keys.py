@@ -18,6 +18,19 @@ CHECKPOINT_MANIFEST_PREFIX = "hpcnas:checkpoints:manifest:"
 CHECKPOINT_PREEMPTED = "hpcnas:checkpoints:preempted"
 # Study system attribute per generation of P finished trials: top-k trial numbers and the rest.
 CHECKPOINT_GENERATION_PREFIX = "hpcnas:checkpoints:generation:"
+
+# --- operations (CLI, dashboard, metrics) -------------------------------------------------
+# Trial user attributes shown by optuna-dashboard (plain names: users read them in the UI).
+# The same names as SupernetObjective's (OBJECTIVE_* below), so every producer agrees.
+USER_ARCHITECTURE = "arch"  # Architecture.to_json()
+USER_ARCHITECTURE_SUMMARY = "arch_description"  # Architecture.describe()
+USER_FLOPS = "flops"
+USER_PARAMS = "params"
+USER_LATENCY = "latency_s"  # seconds
+USER_STAGE = "stage"
+# Study system attributes.
+RUN_N_TRIALS = "hpcnas:run:n_trials"  # the trial target of the search, for progress
+
 # StagedPruner (trial system attributes).
 PRUNER_STAGE_VALUE = "hpcnas:pruner:stage_value:"  # + stage name: the value a trial took there
 PRUNER_STAGE_REACHED = "hpcnas:pruner:stage_reached"
@@ -44,3 +57,13 @@ DISTRIBUTED_GROUP = "hpcnas:distributed:group"  # trial: index of the evaluation
 DISTRIBUTED_LAYOUT = "hpcnas:distributed:layout"  # trial: "dp x pp on N ranks, engine"
 DISTRIBUTED_INFEASIBLE = "hpcnas:distributed:infeasible"  # trial: why it was not run
 DISTRIBUTED_SYNC_BYTES = "hpcnas:distributed:sync_bytes"  # study: bytes moved by averaging
+
+# QUBOSampler (optuna_hpcnas.samplers.QUBOSampler): trial system attribute with the sampling
+# facts of one ask (fit/solve time, BQM size, feasibility rate, fallback).
+QUBO_INFO = "hpcnas:qubo:info"
+
+# EvolutionarySampler (trial system attributes).
+EVOLUTION_ORIGIN = "hpcnas:evolution:origin"
+"""How a trial's parameters were made: ``{"operation", "parent", "second_parent", "level",
+"params"}``; ``params`` lets other workers see a running child before its parameters land."""
+

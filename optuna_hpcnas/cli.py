@@ -1,0 +1,727 @@
+"""The ``hpcnas`` command: run, resume, status, best, export, dashboard, template.
+
+``hpcnas run --config nas.toml`` runs a search from a TOML file (also as
+``mpirun -n N python -m mpi4py -m optuna_hpcnas run --config nas.toml``); the other commands
+read a study from its storage: ``--storage URL`` or ``OPTUNA_STORAGE`` (as Optuna's own CLI),
+or the ``[study]`` table of ``--config``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+import json
+import logging
+import os
+from pathlib import Path
+import sys
+from typing import Any
+from typing import TYPE_CHECKING
+
+from optuna_hpcnas import _keys
+from optuna_hpcnas._cli_util import format_duration
+from optuna_hpcnas._cli_util import mask_url
+from optuna_hpcnas._cli_util import MaskingFilter
+from optuna_hpcnas._cli_util import mpi_rank_and_size
+from optuna_hpcnas._cli_util import parse_overrides
+from optuna_hpcnas._cli_util import ProgressReporter
+from optuna_hpcnas._cli_util import warn_if_sqlite_shared
+
+if TYPE_CHECKING:
+    import optuna
+    from optuna.trial import FrozenTrial
+
+    from optuna_hpcnas.search_space import Architecture
+
+_logger = logging.getLogger("optuna_hpcnas.cli")
+STORAGE_ENV = "OPTUNA_STORAGE"
+
+
+class CLIError(Exception):
+    """A user error: printed as ``hpcnas: error: ...`` with exit status 2, no traceback."""
+
+
+# ---------------------------------------------------------------------------- study lookup
+def _config_study_table(path: str) -> dict[str, Any]:
+    import tomllib
+
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except FileNotFoundError:
+        raise CLIError(f"config file {path!r} does not exist") from None
+    except tomllib.TOMLDecodeError as e:
+        raise CLIError(f"config file {path!r} is not valid TOML: {e}") from None
+    study = data.get("study", {})
+    if not isinstance(study, dict):
+        raise CLIError(f"[study] in {path!r} must be a table, but is {study!r}")
+    return study
+
+
+def resolve_storage(args: argparse.Namespace) -> tuple[str, str | None]:
+    """``(storage URL, study name or None)`` from the flags, the config, then the environment."""
+    table = _config_study_table(args.config) if getattr(args, "config", None) else {}
+    storage = args.storage or table.get("storage") or os.environ.get(STORAGE_ENV)
+    if not storage:
+        raise CLIError(
+            "no storage given: pass --storage URL, set OPTUNA_STORAGE, or --config with "
+            "[study] storage = '...'"
+        )
+    name = getattr(args, "study_name", None) or table.get("name")
+    return str(storage), name
+
+
+def load_study(args: argparse.Namespace) -> optuna.Study:
+    import optuna
+
+    storage, name = resolve_storage(args)
+    try:
+        summaries = optuna.study.get_all_study_summaries(storage=storage)
+    except Exception as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise CLIError(
+            f"cannot open storage {mask_url(storage)}: {type(e).__name__}: {first}"
+        ) from e
+    names = [s.study_name for s in summaries]
+    if name is None:
+        if len(names) != 1:
+            raise CLIError(
+                f"storage {mask_url(storage)} holds {len(names)} studies {names}: "
+                "choose one with --study-name"
+            )
+        name = names[0]
+    elif name not in names:
+        raise CLIError(
+            f"no study {name!r} in {mask_url(storage)}; studies there: {names or 'none'}"
+        )
+    return optuna.load_study(study_name=name, storage=storage)
+
+
+def _system_attrs(study: optuna.Study) -> dict[str, Any]:
+    return study._storage.get_study_system_attrs(study._study_id)
+
+
+def _architecture(study: optuna.Study, trial: FrozenTrial) -> Architecture | None:
+    from optuna_hpcnas._trial_attrs import architecture_of
+    from optuna_hpcnas.search_space import HierarchicalSearchSpace
+
+    arch = architecture_of(trial.user_attrs)
+    if arch is not None:
+        return arch
+    space = HierarchicalSearchSpace.from_study(study)
+    if space is None:
+        return None
+    try:
+        return space.from_params(trial.params)
+    except ValueError:
+        return None
+
+
+def _describe(study: optuna.Study, trial: FrozenTrial) -> str:
+    from optuna_hpcnas._trial_attrs import summary_of
+
+    summary = summary_of(trial.user_attrs)
+    if summary is not None:
+        return summary
+    arch = _architecture(study, trial)
+    return arch.describe() if arch is not None else json.dumps(trial.params, sort_keys=True)
+
+
+def _metric_names(study: optuna.Study) -> list[str]:
+    names = study.metric_names
+    if names:
+        return list(names)
+    n = len(study.directions)
+    return ["value"] if n == 1 else [f"values_{i}" for i in range(n)]
+
+
+# ---------------------------------------------------------------------------- status
+def study_status(study: optuna.Study) -> dict[str, Any]:
+    """The facts ``hpcnas status`` prints, as a dict (``--json``)."""
+    from optuna.trial import TrialState
+
+    trials = study.get_trials(deepcopy=False)
+    attrs = _system_attrs(study)
+    by_state = {s.name: 0 for s in TrialState}
+    for t in trials:
+        by_state[t.state.name] += 1
+    finished = [t for t in trials if t.state.is_finished()]
+    target = attrs.get(_keys.RUN_N_TRIALS)
+    if target is None and by_state["WAITING"]:
+        target = len(trials)  # the runner enqueues its whole budget as WAITING trials
+    starts = [t.datetime_start for t in trials if t.datetime_start is not None]
+    ends = [t.datetime_complete for t in finished if t.datetime_complete is not None]
+    durations = [
+        (t.datetime_complete - t.datetime_start).total_seconds()
+        for t in finished
+        if t.datetime_start is not None and t.datetime_complete is not None
+    ]
+    out: dict[str, Any] = {
+        "study": study.study_name,
+        "directions": [d.name.lower() for d in study.directions],
+        "metric_names": _metric_names(study),
+        "trials": len(trials),
+        "by_state": by_state,
+        "target_trials": target,
+        "progress": (len(finished) / target) if isinstance(target, int) and target else None,
+    }
+    if starts:
+        first = min(starts)
+        last = max(ends) if ends else max(starts)
+        elapsed = (last - first).total_seconds()
+        out["first_start"] = first.isoformat(timespec="seconds")
+        out["last_finish"] = last.isoformat(timespec="seconds") if ends else None
+        out["elapsed_seconds"] = elapsed
+        # Busy time over wall time: how many evaluations ran at once, on average.
+        out["mean_concurrency"] = (sum(durations) / elapsed) if elapsed > 0 else None
+        out["trials_per_minute"] = (len(finished) / elapsed * 60) if elapsed > 0 else None
+        out["mean_evaluation_seconds"] = (sum(durations) / len(durations)) if durations else None
+    runs = attrs.get(_keys.DISTRIBUTED_UTILISATION)
+    if isinstance(runs, str):
+        runs = json.loads(runs)
+    if isinstance(runs, list) and runs and isinstance(runs[-1], dict):
+        # The last run_search call's per-rank share of wall time spent computing.
+        out["utilisation"] = {
+            str(r.get("rank", i)): float(r.get("shares", {}).get("compute", 0.0))
+            for i, r in enumerate(runs[-1].get("ranks", []))
+        }
+    completed = [t for t in trials if t.state == TrialState.COMPLETE]
+    if completed:
+        if len(study.directions) == 1:
+            best = study.best_trial
+            out["best"] = {
+                "trial": best.number,
+                "values": best.values,
+                "architecture": _describe(study, best),
+            }
+        else:
+            out["pareto_front_trials"] = len(study.best_trials)
+    return out
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    study = load_study(args)
+    info = study_status(study)
+    if args.json:
+        print(json.dumps(info, indent=2, default=str))
+        return 0
+    storage, _ = resolve_storage(args)
+    states = "  ".join(f"{k} {v}" for k, v in info["by_state"].items() if v)
+    print(f"study        {info['study']}  ({mask_url(storage)})")
+    print(
+        "objectives   "
+        + ", ".join(f"{d} {n}" for d, n in zip(info["directions"], info["metric_names"]))
+    )
+    finished = sum(info["by_state"][s] for s in ("COMPLETE", "PRUNED", "FAIL"))
+    if info["progress"] is not None:
+        print(f"progress     {finished}/{info['target_trials']} ({100 * info['progress']:.0f}%)")
+    print(f"trials       {info['trials']}  {states}")
+    if "elapsed_seconds" in info:
+        print(
+            f"time         {info['first_start']} -> {info['last_finish'] or 'running'}  "
+            f"({format_duration(info['elapsed_seconds'])})"
+        )
+        if info["trials_per_minute"] is not None:
+            print(
+                f"throughput   {info['trials_per_minute']:.2f} trials/min, mean evaluation "
+                f"{info['mean_evaluation_seconds'] or 0:.2f} s"
+            )
+        if info["mean_concurrency"] is not None:
+            print(f"utilisation  {info['mean_concurrency']:.2f} evaluations running on average")
+    if "utilisation" in info:
+        shares = "  ".join(f"rank {k}: {100 * v:.0f}%" for k, v in info["utilisation"].items())
+        print(f"compute      {shares}")
+    if "best" in info:
+        b = info["best"]
+        print(f"best         trial {b['trial']}  {b['values'][0]:.6g}  {b['architecture']}")
+    if "pareto_front_trials" in info:
+        print(f"pareto front {info['pareto_front_trials']} trials (see `hpcnas best`)")
+    return 0
+
+
+# ---------------------------------------------------------------------------- best
+def best_trials(study: optuna.Study, *, top: int) -> list[FrozenTrial]:
+    """Top ``top`` completed trials (single objective) or the Pareto front (several)."""
+    from optuna.study import StudyDirection
+    from optuna.trial import TrialState
+
+    if len(study.directions) > 1:
+        front = list(study.best_trials)
+        return sorted(
+            front,
+            key=lambda t: t.values[0],
+            reverse=study.directions[0] == StudyDirection.MAXIMIZE,
+        )
+    completed = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    reverse = study.direction == StudyDirection.MAXIMIZE
+    return sorted(completed, key=lambda t: t.values[0], reverse=reverse)[:top]
+
+
+def _cmd_best(args: argparse.Namespace) -> int:
+    study = load_study(args)
+    trials = best_trials(study, top=args.top)
+    if not trials:
+        raise CLIError(f"study {study.study_name!r} has no completed trial yet")
+    names = _metric_names(study)
+    rows = []
+    for t in trials:
+        rows.append(
+            {
+                "trial": t.number,
+                "flops": t.user_attrs.get(_keys.USER_FLOPS),
+                "params": t.user_attrs.get(_keys.USER_PARAMS),
+                "latency_s": t.user_attrs.get(_keys.USER_LATENCY),
+                "stage": t.user_attrs.get(_keys.USER_STAGE),
+                **dict(zip(names, t.values)),
+                "architecture": _describe(study, t),
+            }
+        )
+    if args.json:
+        print(json.dumps(rows, indent=2, default=str))
+        return 0
+    title = "Pareto front" if len(study.directions) > 1 else f"top {len(rows)}"
+    print(f"{title} of study {study.study_name!r} ({len(study.trials)} trials)")
+    extra = [c for c in ("flops", "params", "latency_s", "stage") if c not in names]
+    columns = ["trial", *names, *extra]
+    columns = [c for c in columns if any(r[c] is not None for r in rows)]
+
+    def cell(v: Any) -> str:
+        if isinstance(v, float):
+            return f"{v:.4g}"
+        return "-" if v is None else str(v)
+
+    widths = {c: max(len(c), *(len(cell(r[c])) for r in rows)) for c in columns}
+    print("  ".join(c.rjust(widths[c]) for c in columns) + "  architecture")
+    for r in rows:
+        print("  ".join(cell(r[c]).rjust(widths[c]) for c in columns) + "  " + r["architecture"])
+    return 0
+
+
+# ---------------------------------------------------------------------------- export
+def _cmd_export(args: argparse.Namespace) -> int:
+    from optuna.trial import TrialState
+
+    study = load_study(args)
+    if args.trial is not None:
+        matches = [t for t in study.get_trials(deepcopy=False) if t.number == args.trial]
+        if not matches or matches[0].state != TrialState.COMPLETE:
+            raise CLIError(f"trial {args.trial} is not a completed trial of {study.study_name!r}")
+        trial = matches[0]
+    else:
+        ranked = best_trials(study, top=1)
+        if not ranked:
+            raise CLIError(f"study {study.study_name!r} has no completed trial yet")
+        trial = ranked[0]
+        if len(study.directions) > 1:
+            _logger.info(
+                "Multi-objective study: exporting the Pareto-front trial best in %s "
+                "(choose another with --trial).",
+                _metric_names(study)[0],
+            )
+    arch = _architecture(study, trial)
+    if arch is None:
+        raise CLIError(
+            f"trial {trial.number} has no architecture: neither the user attribute "
+            f"{_keys.USER_ARCHITECTURE!r} nor a search space recorded in the study"
+        )
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    from optuna_hpcnas._export import export_architecture
+
+    try:
+        written = export_architecture(
+            study,
+            trial,
+            arch,
+            out,
+            onnx=not args.no_onnx,
+            input_shape=args.input_shape,
+            num_classes=args.num_classes,
+            weights=args.weights,
+        )
+    except (ValueError, FileNotFoundError) as e:
+        raise CLIError(str(e)) from e
+    print(f"exported trial {trial.number}: {arch.describe()}")
+    for path, what in written:
+        print(f"  {path}  {what}")
+    return 0
+
+
+# ---------------------------------------------------------------------------- dashboard
+def _artifact_store(args: argparse.Namespace, storage: str) -> Any | None:
+    if args.artifact_dir:
+        from optuna.artifacts import FileSystemArtifactStore
+
+        Path(args.artifact_dir).mkdir(parents=True, exist_ok=True)
+        return FileSystemArtifactStore(args.artifact_dir)
+    try:
+        from optuna_hpcnas.checkpoints import RDBArtifactStore
+    except ImportError:
+        return None
+    try:
+        store = RDBArtifactStore(storage)
+    except Exception as e:
+        _logger.info("No artifact store in %s (%s): checkpoints not listed.", mask_url(storage), e)
+        return None
+    _logger.info("Artifacts (checkpoints) from the RDB artifact store in the study's database.")
+    return store
+
+
+def _cmd_dashboard(args: argparse.Namespace) -> int:
+    storage, _ = resolve_storage(args)
+    store = _artifact_store(args, storage)
+    if args.refresh_plots:
+        import optuna
+
+        from optuna_hpcnas.dashboard import save_dashboard_plots
+
+        for summary in optuna.study.get_all_study_summaries(storage=storage):
+            study = optuna.load_study(study_name=summary.study_name, storage=storage)
+            save_dashboard_plots(study)
+    from optuna_hpcnas.dashboard import launch_dashboard
+
+    host = f"[{args.host}]" if ":" in args.host else args.host
+    print(f"optuna-dashboard on http://{host}:{args.port}/ for {mask_url(storage)} (Ctrl-C stops)")
+    sys.stdout.flush()
+    launch_dashboard(storage, host=args.host, port=args.port, artifact_store=store)
+    return 0
+
+
+# ---------------------------------------------------------------------------- template
+def _cmd_template(args: argparse.Namespace) -> int:
+    from optuna_hpcnas import integrations as ig
+
+    if args.kind == "all":
+        for path in ig.write_all(args.out or "integrations"):
+            print(path)
+        return 0
+    text: str
+    if args.kind == "slurm":
+        text = ig.slurm_script(
+            config=args.config_path,
+            nodes=args.nodes,
+            ntasks_per_node=args.ranks_per_node,
+            gpus_per_node=args.gpus_per_node or None,
+            time_limit=args.time,
+            partition=args.partition,
+            account=args.account,
+        )
+    elif args.kind == "mpirun":
+        text = ig.mpirun_script(default_ranks=args.nodes * args.ranks_per_node)
+    elif args.kind == "mpijob":
+        import yaml
+
+        text = yaml.safe_dump(
+            ig.mpijob_manifest(
+                workers=args.nodes,
+                slots_per_worker=args.ranks_per_node,
+                gpus_per_worker=args.gpus_per_node or None,
+            ),
+            sort_keys=False,
+        )
+    elif args.kind == "grafana":
+        text = json.dumps(ig.grafana_dashboard(), indent=2) + "\n"
+    else:
+        import yaml
+
+        text = yaml.safe_dump(ig.prometheus_scrape_config(), sort_keys=False)
+    if args.out:
+        Path(args.out).write_text(text)
+        if args.kind in ("slurm", "mpirun"):
+            Path(args.out).chmod(0o755)
+        print(args.out)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+# ---------------------------------------------------------------------------- run / resume
+def _config_get(config: Any, *path: str) -> Any:
+    """``config.study.name`` or ``config["study"]["name"]``, ``None`` when absent."""
+    node = config
+    for key in path:
+        if node is None:
+            return None
+        node = node.get(key) if isinstance(node, dict) else getattr(node, key, None)
+    return node
+
+
+def _bcast(value: Any) -> Any:
+    """Rank 0's ``value`` on every rank (only rank 0 reads the storage before the run)."""
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is None or mpi.COMM_WORLD.Get_size() == 1:
+        return value
+    return mpi.COMM_WORLD.bcast(value, root=0)
+
+
+def _remaining_budget(storage: str, name: str) -> tuple[str | None, int]:
+    """``(error, number of WAITING trials)`` of the study to resume."""
+    import optuna
+    from optuna.trial import TrialState
+
+    try:
+        names = [s.study_name for s in optuna.study.get_all_study_summaries(storage=storage)]
+    except Exception as e:
+        return f"cannot open storage {mask_url(storage)}: {type(e).__name__}", 0
+    if name not in names:
+        return (
+            f"no study {name!r} to resume in {mask_url(storage)} (studies there: "
+            f"{names or 'none'}); start it with `hpcnas run`"
+        ), 0
+    study = optuna.load_study(study_name=name, storage=storage)
+    return None, len(study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
+
+
+def _running_trials(storage: str, name: str) -> int:
+    """RUNNING trials of an existing SQLite study: a sign that another process writes to it."""
+    if not storage.startswith("sqlite:"):
+        return 0
+    import optuna
+    from optuna.trial import TrialState
+
+    try:
+        study = optuna.load_study(study_name=name, storage=storage)
+    except KeyError:
+        return 0
+    return len(study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
+
+
+def _cmd_run(args: argparse.Namespace, *, resume: bool) -> int:
+    rank, size = mpi_rank_and_size()
+    try:
+        from optuna_hpcnas.config import ConfigError
+        from optuna_hpcnas.config import load_config
+        from optuna_hpcnas.distributed import run_search
+    except ImportError as e:
+        raise CLIError(f"`hpcnas {args.command}` needs the search runner: {e}") from e
+    try:
+        overrides = parse_overrides(args.set or [])
+    except ValueError as e:
+        raise CLIError(str(e)) from None
+    if args.n_trials is not None:
+        overrides["study.n_trials"] = args.n_trials
+    if args.storage:
+        overrides["study.storage"] = args.storage
+    if args.study_name:
+        overrides["study.name"] = args.study_name
+    try:
+        config = load_config(args.config, overrides=overrides or None)
+    except ConfigError as e:
+        raise CLIError(f"{args.config}: {e}") from None
+    storage = config.study.resolved_storage()
+    name = config.study.name
+    if resume:
+        if storage is None:
+            raise CLIError("resume needs a storage: [study] storage, --storage or OPTUNA_STORAGE")
+        error, waiting = _bcast(_remaining_budget(storage, name) if rank == 0 else None)
+        if error:
+            raise CLIError(error)
+        if waiting == 0:
+            if rank == 0:
+                print(f"study {name!r} has no trial left to run; see `hpcnas status`")
+            return 0
+        # Run exactly the trials the stopped job left in the queue.
+        from optuna_hpcnas.config import with_overrides
+
+        config = with_overrides(config, study={"n_trials": waiting})
+    metrics_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if metrics_dir:
+        Path(metrics_dir).mkdir(parents=True, exist_ok=True)
+    reporter = server = None
+    if rank == 0:
+        _logger.info(
+            "%s study %r on %s with %d process(es)",
+            "Resuming" if resume else "Running",
+            name,
+            mask_url(storage) if storage else "in-memory storage",
+            size,
+        )
+        if storage:
+            warn_if_sqlite_shared(
+                storage, n_processes=size, running_trials=_running_trials(storage, name)
+            )
+        metrics = None
+        if config.metrics.enabled:
+            from optuna_hpcnas.metrics import SearchMetrics
+            from optuna_hpcnas.metrics import serve_metrics
+
+            metrics = SearchMetrics()
+            server = serve_metrics(metrics, port=config.metrics.port, host=config.metrics.host)
+        if storage and (metrics is not None or not args.no_progress):
+            reporter = ProgressReporter(
+                storage,
+                name,
+                n_trials=config.study.n_trials,
+                display=not args.no_progress,
+                metrics=metrics,
+            ).start()
+    try:
+        run_search(config)
+    finally:
+        if reporter is not None:
+            reporter.stop()
+        if server is not None:
+            server.close()
+    if rank == 0 and storage:
+        _finish_message(storage, name, list(config.objective.metrics))
+    return 0
+
+
+def _finish_message(storage: str, name: str, metric_names: list[str]) -> None:
+    import optuna
+
+    study = optuna.load_study(study_name=name, storage=storage)
+    try:
+        from optuna_hpcnas.dashboard import prepare_study
+        from optuna_hpcnas.dashboard import save_dashboard_plots
+
+        prepare_study(study, metric_names)
+        save_dashboard_plots(study)
+    except ImportError:
+        pass
+    info = study_status(study)
+    states = ", ".join(f"{v} {k.lower()}" for k, v in info["by_state"].items() if v)
+    print(f"study {name!r}: {states}")
+    if "best" in info:
+        b = info["best"]
+        print(f"best: trial {b['trial']} {b['values'][0]:.6g}  {b['architecture']}")
+    flag = "" if os.environ.get(STORAGE_ENV) == storage else f" --storage {mask_url(storage)}"
+    print(f"next: hpcnas best{flag} --study-name {name}")
+    print(f"      hpcnas dashboard{flag}")
+
+
+# ---------------------------------------------------------------------------- parser
+def _add_study_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--storage", help=f"storage URL (default: ${STORAGE_ENV})")
+    p.add_argument("--study-name", help="study name (default: the only study in the storage)")
+    p.add_argument("--config", help="a nas.toml whose [study] gives storage and name")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="hpcnas",
+        description="Neural architecture search with Optuna, from a laptop to an HPC cluster.",
+    )
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output")
+    parser.add_argument("-q", "--quiet", action="store_true", help="warnings and errors only")
+    from optuna_hpcnas import __version__
+
+    parser.add_argument("--version", action="version", version=f"optuna-hpcnas {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    for name, text in (
+        ("run", "run a search from a TOML config"),
+        ("resume", "continue a stopped search (same config)"),
+    ):
+        p = sub.add_parser(name, help=text, description=text)
+        p.add_argument("--config", required=True, help="the search's nas.toml")
+        p.add_argument(
+            "--set",
+            action="append",
+            metavar="KEY=VALUE",
+            help="override a config value, e.g. --set study.n_trials=20 (repeatable)",
+        )
+        p.add_argument("--n-trials", type=int, help="same as --set study.n_trials=N")
+        p.add_argument("--storage", help=f"storage URL (default: config, then ${STORAGE_ENV})")
+        p.add_argument("--study-name", help="study name (default: from the config)")
+        p.add_argument("--no-progress", action="store_true", help="no progress display")
+
+    p = sub.add_parser("status", help="progress, trials by state, utilisation")
+    _add_study_args(p)
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+    p = sub.add_parser("best", help="top architectures, or the Pareto front")
+    _add_study_args(p)
+    p.add_argument("--top", type=int, default=5, help="how many (single objective)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+    p = sub.add_parser("export", help="the best architecture as a PyTorch module (and ONNX)")
+    _add_study_args(p)
+    p.add_argument("--trial", type=int, help="export this trial instead of the best")
+    p.add_argument("--out", default="hpcnas-export", help="output directory")
+    p.add_argument("--no-onnx", action="store_true", help="skip the ONNX file")
+    p.add_argument(
+        "--input-shape",
+        type=lambda s: tuple(int(x) for x in s.split(",")),
+        help="input shape without batch, e.g. 1,8,8 (default: the built-in task of the domain)",
+    )
+    p.add_argument("--num-classes", type=int, help="classes of the head (default: the task's)")
+    p.add_argument("--weights", help="supernet state_dict file (torch.save) to inherit from")
+
+    p = sub.add_parser("dashboard", help="optuna-dashboard on the study's storage")
+    _add_study_args(p)
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8080)
+    p.add_argument("--artifact-dir", help="a FileSystemArtifactStore directory")
+    p.add_argument(
+        "--refresh-plots",
+        action="store_true",
+        help="recompute the Pareto-front and trajectory plots before serving",
+    )
+
+    p = sub.add_parser("template", help="write a Slurm / mpirun / Kubernetes / Grafana file")
+    p.add_argument("kind", choices=["slurm", "mpirun", "mpijob", "grafana", "prometheus", "all"])
+    p.add_argument("--out", help="output file (directory for 'all'); default: stdout")
+    p.add_argument("--config-path", default="nas.toml", help="config path used by the job")
+    p.add_argument("--nodes", type=int, default=2)
+    p.add_argument("--ranks-per-node", type=int, default=4)
+    p.add_argument("--gpus-per-node", type=int, default=4, help="0 for CPU-only nodes")
+    p.add_argument("--time", default="24:00:00", help="Slurm time limit")
+    p.add_argument("--partition")
+    p.add_argument("--account")
+    return parser
+
+
+def _setup_logging(verbose: int, quiet: bool, rank: int) -> None:
+    level = logging.WARNING if quiet else (logging.DEBUG if verbose > 1 else logging.INFO)
+    if rank != 0 and not verbose:
+        level = logging.WARNING  # rank 0 speaks for the job
+    handler = logging.StreamHandler(sys.stderr)
+    handler.addFilter(MaskingFilter())
+    prefix = f"[rank {rank}] " if rank else ""
+    handler.setFormatter(
+        logging.Formatter(f"%(asctime)s {prefix}%(levelname)s %(message)s", "%H:%M:%S")
+    )
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+    import optuna
+
+    optuna.logging.disable_default_handler()
+    optuna.logging.enable_propagation()
+    optuna.logging.set_verbosity(level if verbose else max(level, logging.WARNING))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``hpcnas`` and ``python -m optuna_hpcnas``; returns the exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    rank, _ = mpi_rank_and_size()
+    _setup_logging(args.verbose, args.quiet, rank)
+    commands = {
+        "run": lambda a: _cmd_run(a, resume=False),
+        "resume": lambda a: _cmd_run(a, resume=True),
+        "status": _cmd_status,
+        "best": _cmd_best,
+        "export": _cmd_export,
+        "dashboard": _cmd_dashboard,
+        "template": _cmd_template,
+    }
+    try:
+        return commands[args.command](args)
+    except CLIError as e:
+        print(f"hpcnas {args.command}: error: {mask_url(str(e))}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("hpcnas: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # `hpcnas best | head`
+        sys.stderr.close()
+        return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

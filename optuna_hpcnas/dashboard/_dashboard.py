@@ -1,0 +1,297 @@
+"""What optuna-dashboard shows of a search: objective names, per-trial architecture, FLOPs,
+latency and stage (user attributes), and two custom plots stored in the study (a Pareto front
+and the search trajectory), plus launching the dashboard on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+import logging
+import math
+from typing import Any
+from typing import TYPE_CHECKING
+import warnings
+
+import optuna
+from optuna.study import StudyDirection
+from optuna.trial import TrialState
+
+from optuna_hpcnas import _keys
+from optuna_hpcnas._trial_attrs import summary_of
+from optuna_hpcnas.search_space import Architecture
+
+if TYPE_CHECKING:
+    from optuna.storages import BaseStorage
+    from optuna.trial import FrozenTrial
+    import plotly.graph_objects as go
+
+_logger = logging.getLogger(__name__)
+
+PARETO_PLOT_ID = "hpcnas-pareto-front"
+TRAJECTORY_PLOT_ID = "hpcnas-search-trajectory"
+
+
+def prepare_study(study: optuna.Study, metric_names: Sequence[str]) -> None:
+    """Name the objectives (``study.set_metric_names``) unless they already have names.
+
+    Example:
+        >>> import optuna
+        >>> study = optuna.create_study(directions=["maximize", "minimize"])
+        >>> prepare_study(study, ["accuracy", "flops"])
+        >>> study.metric_names
+        ['accuracy', 'flops']
+    """
+    names = list(metric_names)
+    if len(names) != len(study.directions):
+        raise ValueError(
+            f"`metric_names` has {len(names)} names ({names}), but the study has "
+            f"{len(study.directions)} objectives."
+        )
+    current = study.metric_names
+    if current is None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            study.set_metric_names(names)
+    elif list(current) != names:
+        _logger.warning("Study already names its objectives %s; keeping them.", current)
+
+
+def record_trial(
+    trial: optuna.Trial,
+    arch: Architecture,
+    *,
+    flops: float | None = None,
+    params: int | None = None,
+    latency_s: float | None = None,
+    stage: str | None = None,
+) -> None:
+    """Store a trial's architecture and costs as user attributes (shown by the dashboard)."""
+    if not isinstance(arch, Architecture):
+        raise TypeError(f"`arch` must be an Architecture, but got {type(arch).__name__}.")
+    trial.set_user_attr(_keys.USER_ARCHITECTURE, arch.to_json())
+    trial.set_user_attr(_keys.USER_ARCHITECTURE_SUMMARY, arch.describe())
+    for key, value in (
+        (_keys.USER_FLOPS, flops),
+        (_keys.USER_PARAMS, params),
+        (_keys.USER_LATENCY, latency_s),
+        (_keys.USER_STAGE, stage),
+    ):
+        if value is not None:
+            trial.set_user_attr(key, value)
+
+
+def _summary(trial: FrozenTrial) -> str:
+    text = summary_of(trial.user_attrs)
+    if text is not None:
+        return text
+    return ", ".join(f"{k}={v}" for k, v in trial.params.items())
+
+
+def _objective_names(study: optuna.Study) -> list[str]:
+    names = study.metric_names
+    if names is None:
+        n = len(study.directions)
+        return ["objective"] if n == 1 else [f"objective {i}" for i in range(n)]
+    return list(names)
+
+
+def _pareto_mask(points: Sequence[tuple[float, ...]], maximize: Sequence[bool]) -> list[bool]:
+    signed = [tuple(-v if m else v for v, m in zip(p, maximize)) for p in points]
+    mask = []
+    for i, p in enumerate(signed):
+        dominated = any(
+            all(q[k] <= p[k] for k in range(len(p))) and any(q[k] < p[k] for k in range(len(p)))
+            for j, q in enumerate(signed)
+            if j != i
+        )
+        mask.append(not dominated)
+    return mask
+
+
+def _feasible(trial: FrozenTrial) -> bool:
+    """No violated constraint (``trial.set_constraint`` or a ``constraints_func``)."""
+    for key, value in trial.system_attrs.items():
+        if not key.startswith("constraints"):
+            continue
+        values = value if isinstance(value, (list, tuple)) else [value]
+        if any(float(v) > 0 for v in values):
+            return False
+    return True
+
+
+def plot_pareto_front(study: optuna.Study) -> go.Figure | None:
+    """The Pareto front of the first two objectives, or of the objective against FLOPs
+    (user attribute ``flops``) in a single-objective study; ``None`` without the data.
+
+    Trials that violate a constraint are drawn apart and never on the front.
+    """
+    import plotly.graph_objects as go
+
+    complete = [t for t in study.get_trials(deepcopy=False) if t.state == TrialState.COMPLETE]
+    trials = [t for t in complete if _feasible(t)]
+    infeasible = [t for t in complete if not _feasible(t)]
+    names = _objective_names(study)
+    maximize = [d == StudyDirection.MAXIMIZE for d in study.directions]
+    if len(study.directions) >= 2:
+        axes = (names[0], names[1])
+        points = [(t.values[0], t.values[1]) for t in trials]
+        flags = maximize[:2]
+    else:
+        trials = [
+            t for t in trials if isinstance(t.user_attrs.get(_keys.USER_FLOPS), (int, float))
+        ]
+        axes = (names[0], "FLOPs")
+        points = [(t.values[0], float(t.user_attrs[_keys.USER_FLOPS])) for t in trials]
+        flags = [maximize[0], False]
+    if not points:
+        return None
+    mask = _pareto_mask(points, flags)
+    fig = go.Figure()
+    if infeasible and len(study.directions) >= 2:
+        fig.add_trace(
+            go.Scatter(
+                x=[t.values[0] for t in infeasible],
+                y=[t.values[1] for t in infeasible],
+                mode="markers",
+                name="infeasible",
+                marker={"size": 7, "symbol": "x", "color": "lightgray"},
+                text=[f"trial {t.number}: {_summary(t)}" for t in infeasible],
+                hovertemplate="%{text}<br>%{x}, %{y}<extra></extra>",
+            )
+        )
+    for on_front, label, size in ((False, "dominated", 7), (True, "Pareto front", 11)):
+        idx = [i for i, m in enumerate(mask) if m == on_front]
+        if on_front:
+            idx.sort(key=lambda i: points[i][0])
+        fig.add_trace(
+            go.Scatter(
+                x=[points[i][0] for i in idx],
+                y=[points[i][1] for i in idx],
+                mode="markers+lines" if on_front else "markers",
+                name=label,
+                marker={"size": size},
+                text=[f"trial {trials[i].number}: {_summary(trials[i])}" for i in idx],
+                hovertemplate="%{text}<br>%{x}, %{y}<extra></extra>",
+            )
+        )
+    fig.update_layout(
+        title=f"Pareto front: {axes[0]} vs {axes[1]}",
+        xaxis_title=axes[0],
+        yaxis_title=axes[1],
+    )
+    return fig
+
+
+def plot_search_trajectory(study: optuna.Study, *, objective: int = 0) -> go.Figure | None:
+    """Every finished trial's value of one objective by trial number, coloured by the stage
+    it reached, with the best value so far; ``None`` before the first completed trial.
+    """
+    import plotly.graph_objects as go
+
+    names = _objective_names(study)
+    if not 0 <= objective < len(names):
+        raise ValueError(f"`objective` is {objective}, but the study has {len(names)}.")
+    trials = [
+        t
+        for t in study.get_trials(deepcopy=False)
+        if t.state == TrialState.COMPLETE
+        or (t.state == TrialState.PRUNED and t.intermediate_values)
+    ]
+    if not any(t.state == TrialState.COMPLETE for t in trials):
+        return None
+    maximize = study.directions[objective] == StudyDirection.MAXIMIZE
+    fig = go.Figure()
+    groups: dict[str, list[FrozenTrial]] = {}
+    for t in trials:
+        label = str(t.user_attrs.get(_keys.USER_STAGE, t.state.name.lower()))
+        if t.state == TrialState.PRUNED:
+            label = f"pruned ({label})" if _keys.USER_STAGE in t.user_attrs else "pruned"
+        groups.setdefault(label, []).append(t)
+
+    def value(t: FrozenTrial) -> float:
+        if t.state == TrialState.COMPLETE:
+            return float(t.values[objective])
+        return float(t.intermediate_values[max(t.intermediate_values)])
+
+    for label, group in sorted(groups.items()):
+        fig.add_trace(
+            go.Scatter(
+                x=[t.number for t in group],
+                y=[value(t) for t in group],
+                mode="markers",
+                name=label,
+                text=[_summary(t) for t in group],
+                hovertemplate="trial %{x}: %{y}<br>%{text}<extra></extra>",
+            )
+        )
+    best: list[float] = []
+    xs: list[int] = []
+    current = -math.inf if maximize else math.inf
+    for t in sorted((t for t in trials if t.state == TrialState.COMPLETE), key=lambda t: t.number):
+        v = float(t.values[objective])
+        current = max(current, v) if maximize else min(current, v)
+        xs.append(t.number)
+        best.append(current)
+    fig.add_trace(go.Scatter(x=xs, y=best, mode="lines", name="best so far", line={"shape": "hv"}))
+    fig.update_layout(
+        title=f"Search trajectory: {names[objective]}",
+        xaxis_title="trial",
+        yaxis_title=names[objective],
+    )
+    return fig
+
+
+def save_dashboard_plots(study: optuna.Study) -> list[str]:
+    """Store the Pareto-front and trajectory plots in the study for optuna-dashboard.
+
+    They are saved under fixed ids, so calling this again replaces them. Returns the ids saved.
+    """
+    from optuna_dashboard import save_plotly_graph_object
+
+    saved = []
+    for graph_id, fig in (
+        (TRAJECTORY_PLOT_ID, plot_search_trajectory(study)),
+        (PARETO_PLOT_ID, plot_pareto_front(study)),
+    ):
+        if fig is not None:
+            save_plotly_graph_object(study, fig, graph_object_id=graph_id)
+            saved.append(graph_id)
+    return saved
+
+
+class DashboardCallback:
+    """A ``study.optimize`` callback that refreshes the dashboard plots every ``every`` trials.
+
+    Args:
+        every: Refresh after this many finished trials (of this process).
+    """
+
+    def __init__(self, *, every: int = 10) -> None:
+        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+            raise ValueError(f"`every` is {every!r}, but must be an integer >= 1.")
+        self._every = every
+        self._seen = 0
+
+    def __call__(self, study: optuna.Study, trial: FrozenTrial) -> None:
+        self._seen += 1
+        if self._seen % self._every == 0:
+            save_dashboard_plots(study)
+
+
+def launch_dashboard(
+    storage: str | BaseStorage,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8080,
+    artifact_store: Any | None = None,
+) -> None:
+    """Serve optuna-dashboard on ``storage`` (blocks); bound to loopback unless told otherwise.
+
+    Reach it from a laptop through an SSH tunnel (``ssh -L 8080:127.0.0.1:8080 login-node``)
+    rather than opening the port.
+    """
+    from optuna_dashboard import run_server
+
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        _logger.warning("optuna-dashboard on %s is reachable from other machines.", host)
+    run_server(storage, host=host, port=port, artifact_store=artifact_store)

@@ -1,0 +1,11 @@
+"""Optuna samplers for neural architecture search."""
+
+from __future__ import annotations
+
+from optuna_hpcnas.samplers._evolution import EvolutionarySampler
+from optuna_hpcnas.samplers._qubo import QUBOSampler
+
+__all__ = [
+    "EvolutionarySampler",
+    "QUBOSampler",
+]

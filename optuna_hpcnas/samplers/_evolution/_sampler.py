@@ -1,0 +1,489 @@
+"""``EvolutionarySampler``: steady-state aging (regularized) evolution as an Optuna sampler."""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from collections.abc import Mapping
+from collections.abc import Sequence
+import math
+import threading
+from typing import Any
+from typing import TYPE_CHECKING
+
+import numpy as np
+from optuna.samplers import BaseSampler
+from optuna.samplers import RandomSampler
+
+from optuna_hpcnas import _keys
+from optuna_hpcnas.samplers._evolution import _variation
+from optuna_hpcnas.samplers._evolution._cache import StudyCache
+from optuna_hpcnas.samplers._evolution._selection import selection_keys
+from optuna_hpcnas.search_space import HierarchicalSearchSpace
+from optuna_hpcnas.search_space import Level
+
+if TYPE_CHECKING:
+    from optuna.distributions import BaseDistribution
+    from optuna.study import Study
+    from optuna.trial import FrozenTrial
+    from optuna.trial import TrialState
+
+    from optuna_hpcnas.samplers._evolution._cache import Member
+    from optuna_hpcnas.search_space import Architecture
+
+# Fresh draws tried before a duplicate is accepted.
+_MAX_ATTEMPTS = 16
+
+
+def _check_int(name: str, value: Any, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"`{name}` must be an int, but got {value!r}.")
+    if value < minimum:
+        raise ValueError(f"`{name}` is {value}, but must be >= {minimum}.")
+    return int(value)
+
+
+def _check_probability(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)):
+        raise TypeError(f"`{name}` must be a float, but got {value!r}.")
+    if not 0.0 <= float(value) <= 1.0:
+        raise ValueError(f"`{name}` is {value}, but must be in [0, 1].")
+    return float(value)
+
+
+def _check_bool(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"`{name}` must be a bool, but got {value!r}.")
+    return value
+
+
+class EvolutionarySampler(BaseSampler):
+    """Aging (regularized) evolution (Real et al., 2019), steady-state and asynchronous.
+
+    Each new trial takes the newest ``population_size`` finished trials as the population,
+    draws ``tournament_size`` of them without replacement, and mutates the winner (optionally
+    after a uniform crossover with the winner of a second tournament). There is no generation
+    barrier: a free worker gets a child at once, and the oldest trials leave the population as
+    new ones finish. The first ``n_startup_trials`` trials are random.
+
+    With a :class:`~optuna_hpcnas.HierarchicalSearchSpace` (detected from the study, where
+    ``space.suggest`` records it) a mutation changes one decision at one level (topology,
+    operator, micro parameter or cluster layout) through ``space.mutate``, so conditional
+    parameters stay valid. On any other search space (the intersection of the finished
+    trials' distributions) each parameter changes with probability ``1/n`` (at least one): a
+    categorical one takes another value, a numerical one a Gaussian move of
+    ``mutation_scale`` times its range (in log space for log distributions), clipped and
+    snapped to its step. Parameters outside that space come from ``independent_sampler``.
+
+    Selection: feasible trials (all ``trial.set_constraint`` values <= 0) beat infeasible ones,
+    which are ordered by their total violation. With one objective the winner has the best
+    normalised fitness; with several, the lowest Pareto rank and then the largest crowding
+    distance (NSGA-II), both computed over the population.
+
+    Pruned trials (with ``consider_pruned_trials``) take part with the last intermediate
+    value they reported, normalised by stage: a member's fitness is its mid-rank quantile in
+    [0, 1] (0 the best) among the reference values of its stage, where a complete trial's
+    reference values are the objective values of the complete members, and a pruned trial's
+    are the intermediate values that the members (complete or pruned, itself included)
+    reported at the very step where it stopped. Ties go to the trial that got further
+    (complete first). A pruned trial that reported nothing has fitness 1. Without pruned
+    trials this ranking is the plain order of the objective values. Multi-objective studies
+    have no intermediate values, so there pruned trials rank after every complete one.
+
+    An architecture (or parameter set) already evaluated, running or failed is not proposed
+    again while an unseen one-decision neighbour of the parent exists; if none does, fresh
+    random draws are tried before a duplicate is accepted.
+
+    Every child's origin (operation, parents, mutated level and parameters) is written to the
+    trial system attribute ``hpcnas:evolution:origin``; the population is rebuilt from the
+    storage, so several workers on one RDB study, or a restarted process, agree without
+    talking. The random stream of each trial is derived from ``seed`` and the trial number:
+    with a seed, a study is reproducible, also across processes. Enqueued trials
+    (``study.enqueue_trial``) keep their parameters; the others are drawn by the
+    independent sampler.
+
+    Args:
+        population_size: Number of newest finished trials that form the population (>= 2).
+        tournament_size: Trials drawn per tournament (1 <= S <= ``population_size``; default
+            ``max(2, population_size // 4)``).
+        crossover_prob: Probability that a child is a crossover of two tournament winners
+            (then mutated).
+        mutation_scale: Standard deviation of numerical moves, as a fraction of the range.
+        level_weights: Relative probability of mutating each level of a hierarchical space
+            (keys: ``"topology"``, ``"operator"``, ``"micro"``, ``"cluster"``); by default
+            a decision is drawn uniformly among those that can change.
+        n_startup_trials: Random trials before evolution starts (default: ``population_size``).
+        consider_pruned_trials: Whether pruned trials enter the population.
+        avoid_duplicates: Whether to avoid proposing a seen candidate again.
+        independent_sampler: Sampler for parameters outside the relative search space
+            (default: :class:`~optuna.samplers.RandomSampler`).
+        seed: Seed of the random streams.
+
+    Example:
+        >>> import optuna
+        >>> from optuna_hpcnas import HierarchicalSearchSpace
+        >>> from optuna_hpcnas.samplers import EvolutionarySampler
+        >>> space = HierarchicalSearchSpace.preset("digits-small")
+        >>> def objective(trial):
+        ...     arch = space.suggest(trial)
+        ...     return sum(c.width or 0 for c in arch.cells)
+        >>> study = optuna.create_study(sampler=EvolutionarySampler(population_size=8, seed=0))
+        >>> study.optimize(objective, n_trials=30)
+        >>> study.best_value <= 48
+        True
+    """
+
+    def __init__(
+        self,
+        *,
+        population_size: int = 20,
+        tournament_size: int | None = None,
+        crossover_prob: float = 0.0,
+        mutation_scale: float = 0.1,
+        level_weights: Mapping[str | Level, float] | None = None,
+        n_startup_trials: int | None = None,
+        consider_pruned_trials: bool = True,
+        avoid_duplicates: bool = True,
+        independent_sampler: BaseSampler | None = None,
+        seed: int | None = None,
+    ) -> None:
+        self._population_size = _check_int("population_size", population_size, 2)
+        if tournament_size is None:
+            tournament_size = max(2, self._population_size // 4)
+        self._tournament_size = _check_int("tournament_size", tournament_size, 1)
+        if self._tournament_size > self._population_size:
+            raise ValueError(
+                f"`tournament_size` is {tournament_size}, but must be <= `population_size` "
+                f"({population_size})."
+            )
+        self._crossover_prob = _check_probability("crossover_prob", crossover_prob)
+        if isinstance(mutation_scale, bool) or not isinstance(mutation_scale, (int, float)):
+            raise TypeError(f"`mutation_scale` must be a float, but got {mutation_scale!r}.")
+        if not (0.0 < float(mutation_scale) <= 1.0):
+            raise ValueError(f"`mutation_scale` is {mutation_scale}, but must be in (0, 1].")
+        self._mutation_scale = float(mutation_scale)
+        self._level_weights = self._check_level_weights(level_weights)
+        if n_startup_trials is None:
+            n_startup_trials = self._population_size
+        self._n_startup_trials = _check_int("n_startup_trials", n_startup_trials, 1)
+        self._consider_pruned = _check_bool("consider_pruned_trials", consider_pruned_trials)
+        self._avoid_duplicates = _check_bool("avoid_duplicates", avoid_duplicates)
+        if independent_sampler is not None and not isinstance(independent_sampler, BaseSampler):
+            raise TypeError(
+                f"`independent_sampler` must be a BaseSampler, but got {independent_sampler!r}."
+            )
+        if seed is not None and (
+            isinstance(seed, bool) or not isinstance(seed, (int, np.integer))
+        ):
+            raise TypeError(f"`seed` must be an int or None, but got {seed!r}.")
+        self._seed = self._entropy(seed)
+        self._independent = independent_sampler or RandomSampler(seed=self._seed % 2**32)
+        self._lock = threading.Lock()
+        self._caches: dict[tuple[int, int], StudyCache] = {}
+
+    @staticmethod
+    def _check_level_weights(
+        weights: Mapping[str | Level, float] | None,
+    ) -> dict[Level, float] | None:
+        if weights is None:
+            return None
+        if not isinstance(weights, Mapping):
+            raise TypeError(f"`level_weights` must be a mapping, but got {weights!r}.")
+        out: dict[Level, float] = {}
+        for key, value in weights.items():
+            try:
+                level = Level(key)
+            except ValueError:
+                raise ValueError(
+                    f"`level_weights` has key {key!r}, but keys must be among "
+                    f"{[lv.value for lv in Level]}."
+                ) from None
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise TypeError(f"`level_weights[{key!r}]` must be a float, but got {value!r}.")
+            if not (value >= 0 and math.isfinite(value)):
+                raise ValueError(f"`level_weights[{key!r}]` is {value}, but must be >= 0.")
+            out[level] = float(value)
+        if sum(out.values()) <= 0:
+            raise ValueError(f"`level_weights` is {dict(weights)!r}, but must not sum to zero.")
+        return out
+
+    @staticmethod
+    def _entropy(seed: int | None) -> int:
+        if seed is None:
+            return int(np.random.SeedSequence().entropy) % 2**63  # type: ignore[arg-type]
+        return int(seed) % 2**63
+
+    # ------------------------------------------------------------------ lifecycle
+    def reseed_rng(self) -> None:
+        self._seed = self._entropy(None)
+        self._independent.reseed_rng()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        del state["_lock"]
+        state["_caches"] = {}
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+    def _rng(self, number: int) -> np.random.Generator:
+        return np.random.default_rng([self._seed, number])
+
+    def _cache(self, study: Study) -> StudyCache:
+        storage, study_id = study._storage, study._study_id
+        key = (id(storage), study_id)
+        cache = self._caches.get(key)
+        if cache is None or cache.storage is not storage:
+            cache = StudyCache(storage, study_id, consider_pruned=self._consider_pruned)
+            self._caches[key] = cache
+        if not cache.space_final:
+            cache.space = HierarchicalSearchSpace.from_study(study)
+            # The first `space.suggest` records the space before any trial can finish.
+            cache.space_final = cache.space is not None or cache.n_finished > 0
+            if cache.space is not None:
+                cache.space_distributions = dict(cache.space.distributions())
+        return cache
+
+    # ------------------------------------------------------------------ search space
+    def infer_relative_search_space(
+        self, study: Study, trial: FrozenTrial
+    ) -> dict[str, BaseDistribution]:
+        with self._lock:
+            cache = self._cache(study)
+            if cache.space_distributions is not None:
+                return dict(cache.space_distributions)
+            cache.update(trial.number, self._population_size)
+            return dict(cache.intersection or {})
+
+    def sample_independent(
+        self,
+        study: Study,
+        trial: FrozenTrial,
+        param_name: str,
+        param_distribution: BaseDistribution,
+    ) -> Any:
+        return self._independent.sample_independent(study, trial, param_name, param_distribution)
+
+    def before_trial(self, study: Study, trial: FrozenTrial) -> None:
+        self._independent.before_trial(study, trial)
+
+    def after_trial(
+        self,
+        study: Study,
+        trial: FrozenTrial,
+        state: TrialState,
+        values: Sequence[float] | None,
+    ) -> None:
+        self._independent.after_trial(study, trial, state, values)
+
+    # ------------------------------------------------------------------ sampling
+    def sample_relative(
+        self, study: Study, trial: FrozenTrial, search_space: dict[str, BaseDistribution]
+    ) -> dict[str, Any]:
+        if not search_space or "fixed_params" in trial.system_attrs:
+            return {}
+        with self._lock:
+            cache = self._cache(study)
+            space = cache.space
+            hierarchical = space is not None and set(search_space) == set(
+                cache.space_distributions or {}
+            )
+            if self._avoid_duplicates:
+                if hierarchical:
+                    assert space is not None
+                    cache.use_keys(("hierarchical", space.to_json()), self._arch_key_fn(space))
+                else:
+                    frozen = dict(search_space)
+                    cache.use_keys(
+                        frozenset(frozen.items()), lambda p: _variation.params_key(frozen, p)
+                    )
+            cache.update(trial.number, self._population_size)
+            rng = self._rng(trial.number)
+            if hierarchical:
+                assert space is not None
+                origin = self._child_of_space(cache, space, rng)
+            else:
+                origin = self._child_of_params(cache, search_space, rng)
+            params = {k: v for k, v in origin["params"].items() if k in search_space}
+            origin["params"] = params
+            if self._avoid_duplicates:
+                cache.mark_seen(trial.number, params)
+        study._storage.set_trial_system_attr(trial._trial_id, _keys.EVOLUTION_ORIGIN, origin)
+        return params
+
+    @staticmethod
+    def _arch_key_fn(space: HierarchicalSearchSpace) -> Any:
+        names = set(space.distributions())
+
+        def key(params: dict[str, Any]) -> Hashable | None:
+            try:
+                arch = space.from_params({k: v for k, v in params.items() if k in names})
+            except ValueError:
+                return None
+            return space.encode(arch).tobytes()
+
+        return key
+
+    def _tournament(
+        self,
+        population: list[Member],
+        keys: list[tuple[float, ...]],
+        rng: np.random.Generator,
+        exclude: int | None = None,
+    ) -> int:
+        candidates = [i for i in range(len(population)) if i != exclude] or [exclude or 0]
+        size = min(self._tournament_size, len(candidates))
+        drawn = rng.choice(len(candidates), size=size, replace=False)
+        return min((candidates[int(i)] for i in drawn), key=keys.__getitem__)
+
+    def _parents(
+        self, cache: StudyCache, rng: np.random.Generator
+    ) -> tuple[Member, Member | None] | None:
+        """Tournament winner(s), or ``None`` while the study is still in its random start."""
+        if cache.n_finished < self._n_startup_trials:
+            return None
+        population = cache.population(self._population_size)
+        if not population:
+            return None
+        keys = selection_keys(population, cache.directions)
+        first = self._tournament(population, keys, rng)
+        second = None
+        if len(population) >= 2 and rng.random() < self._crossover_prob:
+            second = population[self._tournament(population, keys, rng, exclude=first)]
+        return population[first], second
+
+    def _child_of_space(
+        self, cache: StudyCache, space: HierarchicalSearchSpace, rng: np.random.Generator
+    ) -> dict[str, Any]:
+        key_fn = self._arch_key_fn(space)
+
+        def unseen(params: dict[str, Any]) -> bool:
+            return not self._avoid_duplicates or not cache.is_seen(key_fn(params))
+
+        def random_child() -> dict[str, Any]:
+            params = space.to_params(space.sample(rng))
+            for _ in range(_MAX_ATTEMPTS):
+                if unseen(params):
+                    break
+                params = space.to_params(space.sample(rng))
+            return params
+
+        origin: dict[str, Any] = {
+            "operation": "random",
+            "parent": None,
+            "second_parent": None,
+            "level": None,
+        }
+        parents = self._parents(cache, rng)
+        parent_arch = None
+        if parents is not None:
+            parent_arch = self._architecture(space, parents[0].params)
+        if parents is None or parent_arch is None:
+            origin["params"] = random_child()
+            return origin
+        first, second = parents
+        base = parent_arch
+        origin["parent"] = first.number
+        origin["operation"] = "mutation"
+        if second is not None:
+            other = self._architecture(space, second.params)
+            if other is not None:
+                base = _variation.crossover_architectures(space, parent_arch, other, rng)
+                origin["operation"] = "crossover"
+                origin["second_parent"] = second.number
+        for _ in range(_MAX_ATTEMPTS):
+            child, level = self._mutate(space, base, rng)
+            params = space.to_params(child)
+            if unseen(params):
+                origin["level"] = level
+                origin["params"] = params
+                return origin
+        fresh = [p for p in _variation.neighbours(space, parent_arch) if unseen(p)]
+        if fresh:
+            origin["operation"] = "neighbour"
+            origin["params"] = fresh[int(rng.integers(len(fresh)))]
+            return origin
+        origin.update(operation="random", parent=None, second_parent=None)
+        origin["params"] = random_child()
+        return origin
+
+    @staticmethod
+    def _architecture(
+        space: HierarchicalSearchSpace, params: Mapping[str, Any]
+    ) -> Architecture | None:
+        names = set(space.distributions())
+        try:
+            return space.from_params({k: v for k, v in params.items() if k in names})
+        except ValueError:
+            return None
+
+    def _mutate(
+        self, space: HierarchicalSearchSpace, arch: Architecture, rng: np.random.Generator
+    ) -> tuple[Architecture, str | None]:
+        if self._level_weights is not None:
+            params = space.to_params(arch)
+            levels = sorted(
+                {
+                    space.decision(name).level
+                    for name in params
+                    if len(space.decision(name).choices) > 1
+                },
+                key=list(Level).index,
+            )
+            weights = np.array([self._level_weights.get(lv, 0.0) for lv in levels])
+            if weights.sum() > 0:
+                level = levels[int(rng.choice(len(levels), p=weights / weights.sum()))]
+                try:
+                    return space.mutate(arch, rng, level=level), level.value
+                except ValueError:
+                    pass  # e.g. no feasible cluster layout at that level
+        before = space.to_params(arch)
+        child = space.mutate(arch, rng)
+        after = space.to_params(child)
+        changed = [n for n in before if n in after and before[n] != after[n]]
+        return child, space.decision(changed[0]).level.value if changed else None
+
+    def _child_of_params(
+        self,
+        cache: StudyCache,
+        search_space: dict[str, BaseDistribution],
+        rng: np.random.Generator,
+    ) -> dict[str, Any]:
+        def unseen(params: dict[str, Any]) -> bool:
+            return not self._avoid_duplicates or not cache.is_seen(
+                _variation.params_key(search_space, params)
+            )
+
+        def random_child() -> dict[str, Any]:
+            params: dict[str, Any] = {}
+            for _ in range(_MAX_ATTEMPTS):
+                params = {n: _variation.sample_value(d, rng) for n, d in search_space.items()}
+                if unseen(params):
+                    break
+            return params
+
+        origin: dict[str, Any] = {
+            "operation": "random",
+            "parent": None,
+            "second_parent": None,
+            "level": None,
+        }
+        parents = self._parents(cache, rng)
+        if parents is None:
+            origin["params"] = random_child()
+            return origin
+        first, second = parents
+        base = first.params
+        origin.update(operation="mutation", parent=first.number)
+        if second is not None:
+            base = _variation.crossover_params(search_space, first.params, second.params, rng)
+            origin.update(operation="crossover", second_parent=second.number)
+        for _ in range(_MAX_ATTEMPTS):
+            params = _variation.mutate_params(search_space, base, rng, self._mutation_scale)
+            if unseen(params):
+                origin["params"] = params
+                return origin
+        origin.update(operation="random", parent=None, second_parent=None)
+        origin["params"] = random_child()
+        return origin

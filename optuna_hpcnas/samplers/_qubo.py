@@ -1,0 +1,524 @@
+"""``QUBOSampler``: surrogate -> binary quadratic model -> annealing, for small discrete spaces.
+
+Each ask (after ``n_startup_trials`` random trials) fits a second-order surrogate on the
+one-hot codes of the finished trials, draws one quadratic acquisition (Thompson sample),
+turns it into a BQM with the space's constraints (``qubo.QUBOProblem``), samples it with a
+``dimod.Sampler`` and returns the best decoded code that no finished or running trial has.
+
+The search space is the ``HierarchicalSearchSpace`` recorded in the study when there is one
+(its ``encoding``; conditional micro parameters are tied to their operator by quadratic
+penalties and checked again at decoding; layouts over ``max_ranks`` are forbidden), plus the
+intersection search space of any other parameters. All state comes from the storage, so
+several workers share one study without talking; with a seed, each trial's draw is seeded by
+``(seed, trial.number)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from collections.abc import Sequence
+from dataclasses import dataclass
+import logging
+import math
+import time
+from typing import Any
+from typing import TYPE_CHECKING
+
+import numpy as np
+import optuna
+from optuna.distributions import BaseDistribution
+from optuna.distributions import CategoricalDistribution
+from optuna.distributions import FloatDistribution
+from optuna.distributions import IntDistribution
+from optuna.samplers import BaseSampler
+from optuna.samplers import RandomSampler
+from optuna.search_space import IntersectionSearchSpace
+from optuna.study import StudyDirection
+from optuna.trial import FrozenTrial
+from optuna.trial import TrialState
+
+from optuna_hpcnas import _keys
+from optuna_hpcnas.search_space import HierarchicalSearchSpace
+from qubo import BayesianQuadratic
+from qubo import conditional_pairs
+from qubo import FactorizationMachine
+from qubo import LinearBudget
+from qubo import OneHotEncoding
+from qubo import QUBOProblem
+from qubo import Surrogate
+
+if TYPE_CHECKING:
+    import dimod
+
+_logger = logging.getLogger(__name__)
+
+_SURROGATES = {"bayes": BayesianQuadratic, "fm": FactorizationMachine}
+
+
+def _check_int(name: str, value: Any, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"`{name}` must be an int, but got {value!r}.")
+    if value < minimum:
+        raise ValueError(f"`{name}` is {value}, but must be >= {minimum}.")
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """How one relative search space maps to bits."""
+
+    problem: QUBOProblem
+    distributions: dict[str, BaseDistribution]
+    space: HierarchicalSearchSpace | None
+    n_hierarchical: int  # the first groups come from ``space.encoding``
+
+    @property
+    def encoding(self) -> OneHotEncoding:
+        return self.problem.encoding
+
+    def encode(self, params: Mapping[str, Any]) -> np.ndarray | None:
+        """Bits of a trial's params, or ``None`` if they do not fit this layout."""
+        enc = self.encoding
+        bits = np.zeros(enc.n_bits, dtype=np.uint8)
+        for g, name in enumerate(enc.names):
+            if g < self.n_hierarchical:
+                value = params.get(name)
+                if value is None and None not in enc.groups[g]:
+                    return None
+            else:
+                if name not in params:
+                    return None
+                value = _to_slot(self.distributions[name], enc.groups[g], params[name])
+            try:
+                bits[enc.bit(g, value)] = 1
+            except ValueError:
+                return None
+        return bits if self.problem.is_feasible(bits) else None
+
+    def decode(self, bits: np.ndarray) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for g, (name, value) in enumerate(zip(self.encoding.names, self.encoding.decode(bits))):
+            if g < self.n_hierarchical:
+                if value is not None:
+                    out[name] = value
+            else:
+                out[name] = _from_slot(self.distributions[name], value)
+        return out
+
+
+def _slots(name: str, dist: BaseDistribution, float_grid: int | None) -> list[Any]:
+    if isinstance(dist, CategoricalDistribution):
+        return list(range(len(dist.choices)))
+    if isinstance(dist, IntDistribution):
+        return list(range(dist.low, dist.high + 1, dist.step))
+    if isinstance(dist, FloatDistribution):
+        if float_grid is None:
+            raise ValueError(
+                f"QUBOSampler handles categorical and integer parameters, but {name!r} is "
+                f"{dist!r}. Pass `discretize_floats=<points per float>` to search it on a grid."
+            )
+        if dist.step is not None:
+            count = int(round((dist.high - dist.low) / dist.step)) + 1
+            index = np.unique(np.round(np.linspace(0, count - 1, min(count, float_grid))))
+            return [float(dist.low + i * dist.step) for i in index]
+        if dist.log:
+            return [float(v) for v in np.geomspace(dist.low, dist.high, float_grid)]
+        return [float(v) for v in np.linspace(dist.low, dist.high, float_grid)]
+    raise TypeError(f"Unsupported distribution {dist!r} for {name!r}.")
+
+
+def _to_slot(dist: BaseDistribution, slots: Sequence[Any], value: Any) -> Any:
+    if isinstance(dist, CategoricalDistribution):
+        return int(dist.to_internal_repr(value))
+    if isinstance(dist, FloatDistribution):
+        grid = np.log(slots) if dist.log else np.asarray(slots)
+        v = math.log(value) if dist.log else float(value)
+        return slots[int(np.argmin(np.abs(grid - v)))]
+    return int(value)
+
+
+def _from_slot(dist: BaseDistribution, slot: Any) -> Any:
+    if isinstance(dist, CategoricalDistribution):
+        return dist.choices[int(slot)]
+    if isinstance(dist, IntDistribution):
+        return int(slot)
+    return float(slot)
+
+
+class QUBOSampler(BaseSampler):
+    """Surrogate-to-QUBO search with simulated annealing for small discrete spaces.
+
+    Combines FMQA (factorization machine + annealing) and BOCS (Bayesian second-order model
+    with Thompson sampling + annealing as acquisition optimiser). Single-objective only: a
+    multi-objective study raises ``ValueError`` (scalarise the objectives in the objective
+    function to use it there).
+
+    Args:
+        seed: Seed of the random start-up trials, the surrogate draws and the annealer.
+        n_startup_trials: Random trials before the surrogate takes over.
+        max_binary_variables: Largest one-hot encoding accepted; beyond it the first ask that
+            sees the space raises ``ValueError`` naming both numbers.
+        solver: Any ``dimod.Sampler``; ``dwave.samplers.SimulatedAnnealingSampler`` by default.
+        surrogate: ``"bayes"`` (Bayesian pairwise model, default), ``"fm"`` (factorization
+            machine) or a ``qubo.Surrogate`` instance.
+        num_reads: Samples per ask from the solver.
+        solver_kwargs: Extra keyword arguments for ``solver.sample`` (e.g. ``num_sweeps``).
+        budgets: Linear resource budgets (``qubo.LinearBudget``) over ``(param, value)``
+            costs; for non-hierarchical categorical parameters use the choice, for integers
+            the value.
+        evaluated_penalty: Strength of the BQM penalty against evaluated codes (in units of
+            the surrogate's spread over them); evaluated codes are never returned anyway.
+        discretize_floats: Grid points per float parameter; ``None`` (default) rejects floats.
+        independent_sampler: Sampler for parameters outside the relative search space;
+            ``RandomSampler(seed=seed)`` by default.
+
+    Sampling facts (fit and solve time, feasibility rate, BQM size, fallback) go to the
+    trial system attribute ``hpcnas:qubo:info``.
+
+    Example:
+        >>> import optuna
+        >>> from optuna_hpcnas.samplers import QUBOSampler
+        >>> def objective(trial):
+        ...     a = trial.suggest_categorical("a", ["x", "y", "z"])
+        ...     b = trial.suggest_int("b", 0, 3)
+        ...     return {"x": 1.0, "y": 0.0, "z": 2.0}[a] + (b - 2) ** 2
+        >>> optuna.logging.set_verbosity(optuna.logging.WARNING)
+        >>> study = optuna.create_study(sampler=QUBOSampler(seed=0, n_startup_trials=4))
+        >>> study.optimize(objective, n_trials=12)
+        >>> study.best_value
+        0.0
+    """
+
+    def __init__(
+        self,
+        *,
+        seed: int | None = None,
+        n_startup_trials: int = 10,
+        max_binary_variables: int = 256,
+        solver: dimod.Sampler | None = None,
+        surrogate: str | Surrogate = "bayes",
+        num_reads: int = 32,
+        solver_kwargs: Mapping[str, Any] | None = None,
+        budgets: Sequence[LinearBudget] = (),
+        evaluated_penalty: float = 0.1,
+        discretize_floats: int | None = None,
+        independent_sampler: BaseSampler | None = None,
+    ) -> None:
+        if seed is not None:
+            _check_int("seed", seed, 0)
+        _check_int("n_startup_trials", n_startup_trials, 0)
+        _check_int("max_binary_variables", max_binary_variables, 1)
+        _check_int("num_reads", num_reads, 1)
+        if discretize_floats is not None:
+            _check_int("discretize_floats", discretize_floats, 2)
+        if isinstance(surrogate, str):
+            if surrogate not in _SURROGATES:
+                raise ValueError(
+                    f"`surrogate` is {surrogate!r}, but must be one of {sorted(_SURROGATES)} "
+                    "or a qubo.Surrogate."
+                )
+            model: Surrogate = _SURROGATES[surrogate]()
+        elif isinstance(surrogate, Surrogate):
+            model = surrogate
+        else:
+            raise TypeError(f"`surrogate` must be a str or qubo.Surrogate, got {surrogate!r}.")
+        if solver is not None and not callable(getattr(solver, "sample", None)):
+            raise TypeError(f"`solver` must be a dimod.Sampler, but got {solver!r}.")
+        if isinstance(evaluated_penalty, bool) or not float(evaluated_penalty) >= 0:
+            raise ValueError(f"`evaluated_penalty` is {evaluated_penalty!r}, but must be >= 0.")
+        for budget in budgets:
+            if not isinstance(budget, LinearBudget):
+                raise TypeError(f"`budgets` must hold qubo.LinearBudget, but got {budget!r}.")
+        self._seed = seed if seed is not None else int(np.random.default_rng().integers(2**31))
+        self._n_startup_trials = n_startup_trials
+        self._max_bits = max_binary_variables
+        self._solver = solver
+        self._surrogate = model
+        self._num_reads = num_reads
+        self._solver_kwargs = dict(solver_kwargs or {})
+        self._budgets = tuple(budgets)
+        self._evaluated_penalty = float(evaluated_penalty)
+        self._float_grid = discretize_floats
+        self._independent = independent_sampler or RandomSampler(seed=seed)
+        self._intersection = IntersectionSearchSpace()
+        self._space_cache: tuple[str, HierarchicalSearchSpace] | None = None
+        # Codes of finished trials for the current layout; finished params never change.
+        self._code_cache: tuple[Any, dict[int, np.ndarray | None]] = (None, {})
+
+    def reseed_rng(self) -> None:
+        self._seed = int(np.random.default_rng().integers(2**31))
+        self._independent.reseed_rng()
+
+    # ------------------------------------------------------------------ search space
+    @staticmethod
+    def _check_single_objective(study: optuna.Study) -> None:
+        if len(study.directions) > 1:
+            raise ValueError(
+                f"QUBOSampler supports single-objective studies only, but this study has "
+                f"{len(study.directions)} objectives. Scalarise them in the objective, or use "
+                "NSGAIISampler or EvolutionarySampler."
+            )
+
+    def _hierarchical_space(self, study: optuna.Study) -> HierarchicalSearchSpace | None:
+        attrs = study._storage.get_study_system_attrs(study._study_id)
+        text = attrs.get(_keys.SEARCH_SPACE)
+        if text is None:
+            return None
+        if self._space_cache is None or self._space_cache[0] != text:
+            self._space_cache = (text, HierarchicalSearchSpace.from_json(text))
+        return self._space_cache[1]
+
+    def infer_relative_search_space(
+        self, study: optuna.Study, trial: FrozenTrial
+    ) -> dict[str, BaseDistribution]:
+        self._check_single_objective(study)
+        out: dict[str, BaseDistribution] = {}
+        space = self._hierarchical_space(study)
+        if space is not None:
+            out.update(space.distributions())
+        for name, dist in self._intersection.calculate(study).items():
+            if name not in out and not dist.single():
+                out[name] = dist
+        return out
+
+    def _layout(
+        self, study: optuna.Study, search_space: Mapping[str, BaseDistribution]
+    ) -> _Layout:
+        space = self._hierarchical_space(study)
+        names: list[str] = []
+        groups: list[list[Any]] = []
+        forbidden: list[tuple[int, ...]] = []
+        n_hier = 0
+        if space is not None and all(n in search_space for n in space.encoding.names):
+            names += list(space.encoding.names)
+            groups += [list(g) for g in space.encoding.groups]
+            n_hier = len(names)
+        else:
+            space = None
+        extras = sorted(n for n in search_space if n not in names)
+        for name in extras:
+            dist = search_space[name]
+            if dist.single():
+                continue
+            names.append(name)
+            groups.append(_slots(name, dist, self._float_grid))
+        n_bits = sum(len(g) for g in groups)
+        if n_bits > self._max_bits:
+            raise ValueError(
+                f"The search space needs {n_bits} binary variables (one-hot encoding of "
+                f"{len(names)} parameters), more than `max_binary_variables`={self._max_bits}. "
+                "QUBOSampler is meant for small spaces: shrink the space or raise the limit."
+            )
+        enc = OneHotEncoding(names, groups)
+        if space is not None:
+            forbidden = self._hierarchical_constraints(space, enc)
+        budgets = [self._budget_slots(b, enc, search_space, n_hier) for b in self._budgets]
+        problem = QUBOProblem(enc, forbidden=forbidden, budgets=budgets) if n_bits else None
+        return _Layout(problem, dict(search_space), space, n_hier)  # type: ignore[arg-type]
+
+    @staticmethod
+    def _hierarchical_constraints(
+        space: HierarchicalSearchSpace, enc: OneHotEncoding
+    ) -> list[tuple[int, ...]]:
+        forbidden: list[tuple[int, ...]] = []
+        names = list(enc.names)
+        for d in space.decisions:
+            if d.parent is None or d.is_constant or d.name not in names:
+                continue
+            assert d.active_when is not None
+            parent = space.decision(d.parent)
+            if parent.name in names:
+                forbidden += conditional_pairs(enc, d.name, parent.name, d.active_when)
+            else:  # a constant parent fixes whether the child applies
+                g = names.index(d.name)
+                applies = parent.choices[0] in d.active_when
+                bad = [None] if applies else [v for v in enc.groups[g] if v is not None]
+                forbidden += [(enc.bit(g, v),) for v in bad]
+        if space.max_ranks is not None:
+            dp, pp = (
+                space.decision("cluster.data_parallel"),
+                space.decision("cluster.pipeline_stages"),
+            )
+            for a in dp.choices:
+                for b in pp.choices:
+                    if int(a) * int(b) > space.max_ranks:
+                        bits = [
+                            enc.bit(names.index(d.name), v)
+                            for d, v in ((dp, a), (pp, b))
+                            if d.name in names
+                        ]
+                        if bits:
+                            forbidden.append(tuple(bits))
+        return forbidden
+
+    @staticmethod
+    def _budget_slots(
+        budget: LinearBudget,
+        enc: OneHotEncoding,
+        search_space: Mapping[str, BaseDistribution],
+        n_hier: int,
+    ) -> LinearBudget:
+        """Re-key a budget from ``(param, value)`` to ``(group, slot)``; unknown params (such
+        as constants) cost nothing."""
+        names = list(enc.names)
+        costs: dict[tuple[str, Any], float] = {}
+        for (name, value), cost in budget.costs.items():
+            if name not in names:
+                continue
+            g = names.index(name)
+            slot = value if g < n_hier else _to_slot(search_space[name], enc.groups[g], value)
+            costs[(name, slot)] = float(cost)
+        return LinearBudget(
+            budget.name,
+            costs=costs,
+            limit=budget.limit,
+            method=budget.method,
+            resolution=budget.resolution,
+            strength=budget.strength,
+        )
+
+    # ------------------------------------------------------------------ sampling
+    def sample_relative(
+        self,
+        study: optuna.Study,
+        trial: FrozenTrial,
+        search_space: dict[str, BaseDistribution],
+    ) -> dict[str, Any]:
+        self._check_single_objective(study)
+        if not search_space:
+            return {}
+        layout = self._layout(study, search_space)
+        if layout.problem is None:
+            return {}
+        rng = np.random.default_rng([self._seed, trial.number])
+        trials = study._get_trials(
+            deepcopy=False, states=(TrialState.COMPLETE, TrialState.RUNNING), use_cache=True
+        )
+        codes, values, busy = [], [], []
+        sign = -1.0 if study.direction == StudyDirection.MAXIMIZE else 1.0
+        key = (
+            id(study._storage),
+            study._study_id,
+            layout.encoding.names,
+            layout.encoding.groups,
+            layout.problem.forbidden,
+        )
+        if self._code_cache[0] != key:
+            self._code_cache = (key, {})
+        cache = self._code_cache[1]
+        for t in trials:
+            if t.number == trial.number:
+                continue
+            if t._trial_id in cache:
+                bits = cache[t._trial_id]
+            else:
+                bits = layout.encode(t.params)
+                if t.state == TrialState.COMPLETE:
+                    cache[t._trial_id] = bits
+            if bits is None:
+                continue
+            if t.state == TrialState.COMPLETE and t.value is not None and math.isfinite(t.value):
+                codes.append(bits)
+                values.append(sign * t.value)
+            else:
+                busy.append(bits)
+        if len(codes) < max(self._n_startup_trials, 1):
+            return self._random(layout, rng, codes + busy)
+        return self._optimise(study, trial, layout, rng, np.array(codes), np.array(values), busy)
+
+    def _random(
+        self, layout: _Layout, rng: np.random.Generator, seen: Sequence[np.ndarray]
+    ) -> dict[str, Any]:
+        """A uniformly random feasible code (fresh if possible) through ``repair``."""
+        enc = layout.encoding
+        if layout.space is not None:
+            # Draw like ``space.sample`` so start-up trials match the space's own prior.
+            arch = layout.space.sample(rng)
+            params = dict(layout.space.to_params(arch))
+            for name, dist in layout.distributions.items():
+                if name not in enc.names[: layout.n_hierarchical] and not dist.single():
+                    slots = enc.groups[list(enc.names).index(name)]
+                    params[name] = _from_slot(dist, slots[int(rng.integers(len(slots)))])
+            return params
+        known = {c.tobytes() for c in seen}
+        bits = np.zeros(enc.n_bits, dtype=np.uint8)
+        for _ in range(32):
+            bits[:] = 0
+            for g in range(len(enc.names)):
+                s = enc.slice(g)
+                bits[s.start + int(rng.integers(s.stop - s.start))] = 1
+            if layout.problem.is_feasible(bits) and bits.tobytes() not in known:
+                break
+        if not layout.problem.is_feasible(bits):
+            from qubo import QuadraticModel
+
+            zero = QuadraticModel(np.zeros(enc.n_bits), np.zeros((enc.n_bits, enc.n_bits)))
+            bits = layout.problem.repair(bits, zero)
+        return layout.decode(bits)
+
+    def _optimise(
+        self,
+        study: optuna.Study,
+        trial: FrozenTrial,
+        layout: _Layout,
+        rng: np.random.Generator,
+        codes: np.ndarray,
+        values: np.ndarray,
+        busy: list[np.ndarray],
+    ) -> dict[str, Any]:
+        from qubo import solve
+
+        start = time.perf_counter()
+        model = self._surrogate.draw(codes, values, rng)
+        fit_time = time.perf_counter() - start
+        solution = solve(
+            layout.problem,
+            model,
+            sampler=self._solver,
+            evaluated=list(codes) + busy,
+            evaluated_penalty=self._evaluated_penalty,
+            num_reads=self._num_reads,
+            seed=int(rng.integers(2**31)),
+            sampler_kwargs=self._solver_kwargs,
+        )
+        info: dict[str, Any] = dict(solution.info)
+        info.update(
+            {
+                "fit_time_s": fit_time,
+                "n_bits": layout.encoding.n_bits,
+                "n_observations": len(values),
+                "surrogate": type(self._surrogate).__name__,
+                "fallback": len(solution.codes) == 0,
+            }
+        )
+        if len(solution.codes):
+            params = layout.decode(solution.codes[0])
+            info["predicted"] = float(solution.energies[0])
+        else:
+            _logger.info("Trial %d: no new feasible code from the solver; random.", trial.number)
+            params = self._random(layout, rng, list(codes) + busy)
+        study._storage.set_trial_system_attr(trial._trial_id, _keys.QUBO_INFO, info)
+        return params
+
+    def sample_independent(
+        self,
+        study: optuna.Study,
+        trial: FrozenTrial,
+        param_name: str,
+        param_distribution: BaseDistribution,
+    ) -> Any:
+        self._check_single_objective(study)
+        if isinstance(param_distribution, FloatDistribution) and self._float_grid is None:
+            _slots(param_name, param_distribution, None)  # raises the float error
+        return self._independent.sample_independent(study, trial, param_name, param_distribution)
+
+    def before_trial(self, study: optuna.Study, trial: FrozenTrial) -> None:
+        self._independent.before_trial(study, trial)
+
+    def after_trial(
+        self,
+        study: optuna.Study,
+        trial: FrozenTrial,
+        state: TrialState,
+        values: Sequence[float] | None,
+    ) -> None:
+        self._independent.after_trial(study, trial, state, values)

@@ -1,0 +1,127 @@
+"""Solve a ``QUBOProblem`` for one drawn surrogate with any ``dimod.Sampler``.
+
+The default sampler is ``dwave.samplers.SimulatedAnnealingSampler``; ``dimod.ExactSolver``
+or a D-Wave QPU (wrapped in an embedding composite) plug in unchanged. Keyword arguments the
+sampler does not declare in ``sampler.parameters`` are not passed to it (so ``num_reads`` and
+``seed`` reach annealers but not ``ExactSolver``).
+
+Decoding keeps the code bits (slack variables are dropped), repairs infeasible samples with
+``QUBOProblem.repair`` (one bit per group, then group-wise descent) and drops those it cannot
+repair, removes already evaluated codes and duplicates, and sorts the rest by surrogate
+energy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from collections.abc import Sequence
+from dataclasses import dataclass
+from dataclasses import field
+import time
+from typing import Any
+
+import dimod
+import numpy as np
+
+from qubo._bqm import QUBOProblem
+from qubo._surrogate import QuadraticModel
+
+
+@dataclass(frozen=True)
+class Solution:
+    """Decoded, feasible, new codes (best surrogate energy first) and sampling facts.
+
+    ``info`` holds ``n_variables`` (BQM size, slack included), ``n_samples``,
+    ``feasible_rate`` (share of raw samples feasible before repair), ``n_repaired``,
+    ``n_dropped``, ``solve_time_s``, ``min_bqm_energy`` and ``sampler``.
+    """
+
+    codes: np.ndarray
+    energies: np.ndarray
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+def default_sampler() -> dimod.Sampler:
+    """``dwave.samplers.SimulatedAnnealingSampler()``."""
+    from dwave.samplers import SimulatedAnnealingSampler
+
+    return SimulatedAnnealingSampler()
+
+
+def solve(
+    problem: QUBOProblem,
+    model: QuadraticModel,
+    *,
+    sampler: dimod.Sampler | None = None,
+    evaluated: Sequence[np.ndarray] = (),
+    evaluated_penalty: float = 0.0,
+    num_reads: int = 32,
+    seed: int | None = None,
+    max_repairs: int = 8,
+    sampler_kwargs: Mapping[str, Any] | None = None,
+) -> Solution:
+    """Build the BQM of ``model``, sample it and decode.
+
+    Example:
+        >>> import numpy as np
+        >>> from qubo import OneHotEncoding, QUBOProblem, QuadraticModel
+        >>> problem = QUBOProblem(OneHotEncoding(["a", "b"], [[0, 1, 2], [0, 1]]))
+        >>> model = QuadraticModel(np.array([1.0, -1.0, 0.5, 0.0, 2.0]), np.zeros((5, 5)))
+        >>> solve(problem, model, seed=0).codes[0].tolist()
+        [0, 1, 0, 1, 0]
+    """
+    if sampler is None:
+        sampler = default_sampler()
+    if isinstance(num_reads, bool) or not isinstance(num_reads, int) or num_reads < 1:
+        raise ValueError(f"`num_reads` is {num_reads!r}, but must be an integer >= 1.")
+    n = problem.n_bits
+    bqm = problem.build_bqm(model, evaluated=evaluated, evaluated_penalty=evaluated_penalty)
+    kwargs: dict[str, Any] = {"num_reads": num_reads, "seed": seed}
+    kwargs.update(sampler_kwargs or {})
+    accepted = set(getattr(sampler, "parameters", {}) or {})
+    kwargs = {k: v for k, v in kwargs.items() if k in accepted and v is not None}
+    start = time.perf_counter()
+    sampleset = sampler.sample(bqm, **kwargs)
+    samples = np.asarray(sampleset.record.sample)
+    order = list(sampleset.variables)
+    elapsed = time.perf_counter() - start
+    columns = [order.index(i) for i in range(n)]
+    raw = samples[:, columns].astype(np.uint8)
+    if "num_occurrences" in sampleset.record.dtype.names:
+        raw = np.repeat(raw, sampleset.record.num_occurrences, axis=0)
+    feasible = problem.n_violations(raw) == 0 if len(raw) else np.zeros(0, dtype=bool)
+    seen = {np.asarray(c, dtype=np.uint8).tobytes() for c in evaluated}
+    kept: dict[bytes, np.ndarray] = {}
+    for x in raw[feasible]:
+        kept.setdefault(x.tobytes(), x)
+    n_repaired = n_dropped = 0
+    tried: set[bytes] = set()
+    for x in raw[~feasible]:
+        key = x.tobytes()
+        if key in tried:
+            continue
+        tried.add(key)
+        if len(tried) > max_repairs:
+            n_dropped += 1
+            continue
+        fixed = problem.repair(x, model)
+        if problem.is_feasible(fixed):
+            n_repaired += 1
+            kept.setdefault(fixed.tobytes(), fixed)
+        else:
+            n_dropped += 1
+    new = [x for key, x in kept.items() if key not in seen]
+    codes = np.array(new, dtype=np.uint8).reshape(len(new), n)
+    energies = model.energy(codes) if len(codes) else np.zeros(0)
+    rank = np.argsort(energies, kind="stable")
+    info = {
+        "n_variables": int(bqm.num_variables),
+        "n_samples": len(raw),
+        "feasible_rate": float(feasible.mean()) if len(raw) else 0.0,
+        "n_repaired": n_repaired,
+        "n_dropped": n_dropped,
+        "solve_time_s": elapsed,
+        "min_bqm_energy": float(sampleset.record.energy.min()) if len(raw) else float("nan"),
+        "sampler": type(sampler).__name__,
+    }
+    return Solution(codes[rank], energies[rank], info)

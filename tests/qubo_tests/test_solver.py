@@ -1,0 +1,201 @@
+from __future__ import annotations
+
+import itertools
+
+import dimod
+import numpy as np
+import pytest
+
+from qubo import BayesianQuadratic
+from qubo import conditional_pairs
+from qubo import FactorizationMachine
+from qubo import LinearBudget
+from qubo import OneHotEncoding
+from qubo import QuadraticModel
+from qubo import QUBOProblem
+from qubo import solve
+
+
+def _codes(enc: OneHotEncoding) -> np.ndarray:
+    return np.array([enc.encode(values) for values in itertools.product(*enc.groups)])
+
+
+def _random_model(n: int, rng: np.random.Generator, scale: float = 1.0) -> QuadraticModel:
+    return QuadraticModel(rng.normal(0, scale, n), rng.normal(0, scale, (n, n)))
+
+
+def _ground_states(bqm: dimod.BinaryQuadraticModel, n: int) -> np.ndarray:
+    sampleset = dimod.ExactSolver().sample(bqm).lowest(atol=1e-9)
+    columns = [list(sampleset.variables).index(i) for i in range(n)]
+    return np.asarray(sampleset.record.sample)[:, columns]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_exact_ground_state_is_feasible_brute_force_optimum(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    sizes = [[3, 4, 4, 2], [2, 2, 3, 3, 3], [5, 5, 4]][seed % 3]
+    enc = OneHotEncoding([f"g{i}" for i in range(len(sizes))], [range(s) for s in sizes])
+    problem = QUBOProblem(enc)
+    # Large coefficients stress the penalty scaling.
+    model = _random_model(enc.n_bits, rng, scale=float(10 ** rng.integers(-1, 3)))
+    codes = _codes(enc)
+    best = codes[np.argmin(model.energy(codes))]
+    ground = _ground_states(problem.build_bqm(model), enc.n_bits)
+    assert all(problem.is_feasible(x) for x in ground)
+    assert ground.tolist() == [best.tolist()]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_ground_state_respects_conditional_activity(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    # "op" in {conv, pool, id}; "width" applies to conv only (None = does not apply).
+    enc = OneHotEncoding(
+        ["op", "width", "k"], [["conv", "pool", "id"], [16, 32, 64, None], [3, 5]]
+    )
+    forbidden = conditional_pairs(enc, "width", "op", {"conv"})
+    problem = QUBOProblem(enc, forbidden=forbidden)
+    model = _random_model(enc.n_bits, rng, scale=5.0)
+    codes = np.array([c for c in _codes(enc) if problem.is_feasible(c)])
+    assert len(codes) == 3 * 2 + 2 * 2  # conv x 3 widths x 2 kernels + (pool, id) x 2 kernels
+    best = codes[np.argmin(model.energy(codes))]
+    ground = _ground_states(problem.build_bqm(model), enc.n_bits)
+    assert ground.tolist() == [best.tolist()]
+    values = enc.decode(ground[0])
+    assert (values[1] is None) == (values[0] != "conv")
+
+
+def test_ground_state_respects_forbidden_pairs() -> None:
+    enc = OneHotEncoding(["dp", "pp"], [[1, 2, 4], [1, 2, 4]])
+    forbidden = [(enc.bit(0, a), enc.bit(1, b)) for a in (1, 2, 4) for b in (1, 2, 4) if a * b > 4]
+    problem = QUBOProblem(enc, forbidden=forbidden)
+    # Reward the forbidden large layouts strongly.
+    model = QuadraticModel(-np.arange(6.0) * 10, np.zeros((6, 6)))
+    ground = _ground_states(problem.build_bqm(model), enc.n_bits)
+    dp, pp = enc.decode(ground[0])
+    assert dp * pp <= 4
+    assert problem.is_feasible(ground[0])
+
+
+def test_budget_with_slack_keeps_ground_state_feasible() -> None:
+    enc = OneHotEncoding(["a", "b", "c"], [[0, 1, 2], [0, 1], [0, 1, 2]])
+    costs = {(name, v): float(v) for name in enc.names for v in (0, 1, 2)}
+    budget = LinearBudget(
+        "flops", costs={k: c for k, c in costs.items() if k != ("b", 2)}, limit=2
+    )
+    problem = QUBOProblem(enc, budgets=[budget])
+    # The unconstrained optimum (all largest values) costs 5.
+    model = QuadraticModel(-np.array([0, 1, 2, 0, 1, 0, 1, 2.0]), np.zeros((8, 8)))
+    bqm = problem.build_bqm(model)
+    assert bqm.num_variables > enc.n_bits  # slack variables
+    ground = _ground_states(bqm, enc.n_bits)
+    codes = np.array([c for c in _codes(enc) if problem.is_feasible(c)])
+    best = model.energy(codes).min()
+    assert all(problem.is_feasible(x) for x in ground)
+    assert {float(model.energy(x)) for x in ground} == {best}
+
+
+@pytest.mark.parametrize("method", ["slack", "unbalanced"])
+def test_annealing_decodes_only_feasible_new_codes(method: str) -> None:
+    rng = np.random.default_rng(3)
+    enc = OneHotEncoding(
+        ["op0", "w0", "op1", "w1"],
+        [["conv", "pool"], [8, 16, None], ["conv", "pool"], [8, 16, None]],
+    )
+    forbidden = conditional_pairs(enc, "w0", "op0", {"conv"}) + conditional_pairs(
+        enc, "w1", "op1", {"conv"}
+    )
+    costs = {("w0", 8): 1.0, ("w0", 16): 2.0, ("w1", 8): 1.0, ("w1", 16): 2.0}
+    budget = LinearBudget("flops", costs=costs, limit=3.0, method=method)
+    problem = QUBOProblem(enc, forbidden=forbidden, budgets=[budget])
+    model = _random_model(enc.n_bits, rng)
+    evaluated = [enc.encode(["conv", 8, "pool", None])]
+    solution = solve(problem, model, evaluated=evaluated, evaluated_penalty=0.5, seed=1)
+    assert len(solution.codes) > 0
+    assert all(problem.is_feasible(x) for x in solution.codes)
+    assert evaluated[0].tolist() not in solution.codes.tolist()
+    assert np.all(np.diff(solution.energies) >= 0)
+    assert 0.0 <= solution.info["feasible_rate"] <= 1.0
+    assert solution.info["n_variables"] >= enc.n_bits
+
+
+def test_solve_is_deterministic_with_seed_and_accepts_exact_solver() -> None:
+    rng = np.random.default_rng(0)
+    enc = OneHotEncoding(["a", "b", "c"], [range(3), range(3), range(4)])
+    problem = QUBOProblem(enc)
+    model = _random_model(enc.n_bits, rng)
+    a = solve(problem, model, seed=5)
+    b = solve(problem, model, seed=5)
+    assert a.codes.tolist() == b.codes.tolist()
+    exact = solve(problem, model, sampler=dimod.ExactSolver())
+    codes = _codes(enc)
+    assert exact.codes[0].tolist() == codes[np.argmin(model.energy(codes))].tolist()
+    assert exact.info["sampler"] == "ExactSolver"
+
+
+def test_repair_fixes_one_hot_and_conditions() -> None:
+    enc = OneHotEncoding(["op", "w"], [["conv", "pool"], [8, None]])
+    problem = QUBOProblem(enc, forbidden=conditional_pairs(enc, "w", "op", {"conv"}))
+    model = QuadraticModel(np.array([0.0, 1.0, 0.0, 0.0]), np.zeros((4, 4)))
+    fixed = problem.repair(np.array([1, 1, 0, 1]), model)
+    assert problem.is_feasible(fixed)
+    assert enc.decode(fixed) in (["conv", 8], ["pool", None])
+    # Already feasible codes come back unchanged.
+    assert problem.repair(fixed, model).tolist() == fixed.tolist()
+
+
+@pytest.mark.parametrize("surrogate", [BayesianQuadratic(), FactorizationMachine()])
+def test_surrogates_rank_a_quadratic_black_box(surrogate: object) -> None:
+    rng = np.random.default_rng(0)
+    enc = OneHotEncoding(["a", "b", "c"], [range(4), range(4), range(4)])
+    truth = _random_model(enc.n_bits, rng)
+    codes = _codes(enc)
+    train = codes[rng.choice(len(codes), 40, replace=False)]
+    drawn = surrogate.draw(train, truth.energy(train), rng)  # type: ignore[attr-defined]
+    assert np.corrcoef(drawn.energy(codes), truth.energy(codes))[0, 1] > 0.6
+
+
+def test_thompson_draws_differ_but_mean_is_deterministic() -> None:
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 2, (10, 6))
+    y = rng.normal(size=10)
+    a = BayesianQuadratic().draw(x, y, np.random.default_rng(1))
+    b = BayesianQuadratic().draw(x, y, np.random.default_rng(2))
+    assert not np.allclose(a.linear, b.linear)
+    m1 = BayesianQuadratic(thompson=False).draw(x, y, np.random.default_rng(1))
+    m2 = BayesianQuadratic(thompson=False).draw(x, y, np.random.default_rng(2))
+    np.testing.assert_allclose(m1.linear, m2.linear)
+
+
+def test_bad_inputs() -> None:
+    with pytest.raises(ValueError, match="empty"):
+        QUBOProblem(OneHotEncoding([], []))
+    enc = OneHotEncoding(["a"], [[0, 1]])
+    with pytest.raises(ValueError, match="1 or 2 bit positions"):
+        QUBOProblem(enc, forbidden=[(0, 1, 1, 5)])
+    with pytest.raises(ValueError, match="cannot be met"):
+        QUBOProblem(enc, budgets=[LinearBudget("f", costs={("a", 0): 2, ("a", 1): 3}, limit=1)])
+    with pytest.raises(ValueError, match="'magic'"):
+        LinearBudget("f", costs={}, limit=1, method="magic")
+    with pytest.raises(ValueError, match="unknown group 'z'"):
+        QUBOProblem(enc, budgets=[LinearBudget("f", costs={("z", 0): 1}, limit=1)])
+    with pytest.raises(ValueError, match="at least one observation"):
+        BayesianQuadratic().draw(np.zeros((0, 2)), np.zeros(0), np.random.default_rng())
+    with pytest.raises(ValueError, match="`rank` is 0"):
+        FactorizationMachine(rank=0)
+    with pytest.raises(ValueError, match="`num_reads` is 0"):
+        solve(QUBOProblem(enc), QuadraticModel(np.zeros(2), np.zeros((2, 2))), num_reads=0)
+
+
+def test_import_without_dimod() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.modules['dimod'] = None\n"
+        "import qubo\n"
+        "assert qubo.QUBOProblem and qubo.BayesianQuadratic\n"
+        "try:\n    qubo.solve\n"
+        "except ImportError as e:\n    print('optuna-hpcnas[qubo]' in str(e))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "True"

@@ -1,0 +1,208 @@
+from __future__ import annotations
+
+import itertools
+
+import dimod
+import numpy as np
+import optuna
+import pytest
+
+from optuna_hpcnas import _keys
+from optuna_hpcnas import HierarchicalSearchSpace
+from optuna_hpcnas.samplers import QUBOSampler
+from qubo import LinearBudget
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+_CHOICES = {f"g{i}": list(range(4)) for i in range(3)}
+
+
+def _black_box(seed: int = 0) -> tuple[dict[tuple[str, int], float], np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {(g, v): float(rng.normal()) for g, vs in _CHOICES.items() for v in vs}, rng.normal(
+        0, 0.5, (3, 3, 4, 4)
+    )
+
+
+def _value(params: dict, lin: dict, quad: np.ndarray) -> float:
+    names = list(_CHOICES)
+    out = sum(lin[(n, params[n])] for n in names)
+    for a, b in itertools.combinations(range(3), 2):
+        out += quad[a, b, params[names[a]], params[names[b]]]
+    return float(out)
+
+
+def _objective(lin: dict, quad: np.ndarray):  # type: ignore[no-untyped-def]
+    def objective(trial: optuna.Trial) -> float:
+        params = {n: trial.suggest_categorical(n, vs) for n, vs in _CHOICES.items()}
+        return _value(params, lin, quad)
+
+    return objective
+
+
+@pytest.mark.parametrize("surrogate", ["bayes", "fm"])
+def test_finds_optimum_of_small_quadratic(surrogate: str) -> None:
+    lin, quad = _black_box(0)
+    best = min(
+        _value(dict(zip(_CHOICES, combo)), lin, quad)
+        for combo in itertools.product(*_CHOICES.values())
+    )
+    sampler = QUBOSampler(seed=0, n_startup_trials=8, surrogate=surrogate)
+    study = optuna.create_study(sampler=sampler)
+    study.optimize(_objective(lin, quad), n_trials=40)
+    assert study.best_value == pytest.approx(best)
+    # 64 codes, 40 trials: the sampler never repeats one.
+    assert len({tuple(t.params.values()) for t in study.trials}) == 40
+    info = study.trials[-1].system_attrs[_keys.QUBO_INFO]
+    assert info["n_bits"] == 12
+    assert 0.0 <= info["feasible_rate"] <= 1.0
+    assert info["n_observations"] == 39
+
+
+def test_maximize_direction() -> None:
+    lin, quad = _black_box(1)
+    study = optuna.create_study(
+        direction="maximize", sampler=QUBOSampler(seed=1, n_startup_trials=8)
+    )
+    study.optimize(_objective(lin, quad), n_trials=30)
+    worst = max(
+        _value(dict(zip(_CHOICES, combo)), lin, quad)
+        for combo in itertools.product(*_CHOICES.values())
+    )
+    assert study.best_value == pytest.approx(worst)
+
+
+def test_deterministic_with_seed() -> None:
+    lin, quad = _black_box(2)
+
+    def run() -> list[dict]:
+        study = optuna.create_study(sampler=QUBOSampler(seed=3, n_startup_trials=4))
+        study.optimize(_objective(lin, quad), n_trials=10)
+        return [t.params for t in study.trials]
+
+    assert run() == run()
+
+
+def test_two_workers_share_one_study_without_duplicates() -> None:
+    storage = optuna.storages.InMemoryStorage()
+    lin, quad = _black_box(3)
+    a = optuna.create_study(storage=storage, study_name="s", sampler=QUBOSampler(seed=0))
+    b = optuna.load_study(storage=storage, study_name="s", sampler=QUBOSampler(seed=0))
+    objective = _objective(lin, quad)
+    seen = []
+    for _ in range(12):
+        # Both workers ask before either tells: the running trial must not be repeated.
+        ta, tb = a.ask(), b.ask()
+        va, vb = objective(ta), objective(tb)
+        seen += [tuple(ta.params.values()), tuple(tb.params.values())]
+        a.tell(ta, va)
+        b.tell(tb, vb)
+    assert len(set(seen[20:])) == len(seen[20:])  # after the start-up phase
+    assert len(a.trials) == 24
+
+
+def test_hierarchical_space_samples_are_consistent() -> None:
+    space = HierarchicalSearchSpace(
+        num_cells=2,
+        operators=("conv", "maxpool3x3", "identity"),
+        widths=(8, 16),
+        kernel_sizes=(3, 5),
+        data_parallel=(1, 2, 4),
+        pipeline_stages=(1, 2),
+        max_ranks=4,
+    )
+    study = optuna.create_study(sampler=QUBOSampler(seed=0, n_startup_trials=5))
+
+    def objective(trial: optuna.Trial) -> float:
+        arch = space.suggest(trial)
+        return float(sum(c.width or 0 for c in arch.cells) + arch.cluster.ranks)
+
+    study.optimize(objective, n_trials=15)
+    assert all(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials)
+    for t in study.trials:
+        arch = space.from_params(t.params)  # raises if a micro parameter is inconsistent
+        assert space.is_feasible(arch)
+    later = [t for t in study.trials if _keys.QUBO_INFO in t.system_attrs]
+    assert later
+    # The relative params came from the QUBO for the whole architecture.
+    assert later[-1].system_attrs[_keys.QUBO_INFO]["n_bits"] == space.encoding.n_bits
+
+
+def test_budget_is_respected() -> None:
+    lin, quad = _black_box(4)
+    costs = {(n, v): float(v) for n, vs in _CHOICES.items() for v in vs}
+    sampler = QUBOSampler(
+        seed=0, n_startup_trials=5, budgets=[LinearBudget("flops", costs=costs, limit=4.0)]
+    )
+    study = optuna.create_study(sampler=sampler)
+    study.optimize(_objective(lin, quad), n_trials=15)
+    for t in study.trials[5:]:
+        assert sum(t.params.values()) <= 4
+        assert t.system_attrs[_keys.QUBO_INFO]["n_variables"] > 12  # slack variables
+
+
+def test_exact_solver_plugs_in() -> None:
+    sampler = QUBOSampler(seed=0, n_startup_trials=3, solver=dimod.ExactSolver())
+    study = optuna.create_study(sampler=sampler)
+    study.optimize(
+        lambda t: (t.suggest_int("a", 0, 3) - 2) ** 2 + t.suggest_categorical("b", [1, 0, 2]),
+        n_trials=10,
+    )
+    assert study.best_value == 0
+    assert study.trials[-1].system_attrs[_keys.QUBO_INFO]["sampler"] == "ExactSolver"
+
+
+def test_too_many_binary_variables() -> None:
+    study = optuna.create_study(sampler=QUBOSampler(max_binary_variables=256))
+
+    def objective(trial: optuna.Trial) -> float:
+        return float(sum(trial.suggest_int(f"x{i}", 0, 99) for i in range(3)))
+
+    study.optimize(objective, n_trials=1)
+    with pytest.raises(ValueError, match=r"300 binary variables.*`max_binary_variables`=256"):
+        study.optimize(objective, n_trials=1)
+
+
+def test_floats_need_discretize_floats() -> None:
+    study = optuna.create_study(sampler=QUBOSampler())
+    with pytest.raises(ValueError, match=r"'lr' is FloatDistribution.*discretize_floats"):
+        study.optimize(lambda t: t.suggest_float("lr", 1e-4, 1e-1, log=True), n_trials=1)
+    study = optuna.create_study(sampler=QUBOSampler(seed=0, discretize_floats=7))
+    study.optimize(lambda t: t.suggest_float("lr", 1e-4, 1e-1, log=True), n_trials=12)
+    grid = np.geomspace(1e-4, 1e-1, 7)
+    assert all(np.isclose(grid, t.params["lr"]).any() for t in study.trials[10:])
+
+
+def test_multi_objective_is_rejected() -> None:
+    study = optuna.create_study(directions=["minimize", "minimize"], sampler=QUBOSampler())
+    with pytest.raises(ValueError, match="single-objective studies only.*2 objectives"):
+        study.optimize(lambda t: (t.suggest_int("x", 0, 3), 0.0), n_trials=1)
+
+
+def test_empty_space_and_bad_arguments() -> None:
+    study = optuna.create_study(sampler=QUBOSampler(n_startup_trials=0))
+    study.optimize(lambda t: 1.0, n_trials=3)  # nothing to suggest: no error
+    with pytest.raises(ValueError, match="`n_startup_trials` is -1"):
+        QUBOSampler(n_startup_trials=-1)
+    with pytest.raises(TypeError, match="`max_binary_variables` must be an int"):
+        QUBOSampler(max_binary_variables=2.5)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="`surrogate` is 'gp'"):
+        QUBOSampler(surrogate="gp")
+    with pytest.raises(TypeError, match="`solver` must be a dimod.Sampler"):
+        QUBOSampler(solver=object())  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="`discretize_floats` is 1"):
+        QUBOSampler(discretize_floats=1)
+
+
+def test_sampler_module_imports_without_dimod() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.modules['dimod'] = None\n"
+        "from optuna_hpcnas.samplers import QUBOSampler\n"
+        "QUBOSampler(seed=0)\n"
+        "print('dwave' in sys.modules, 'torch' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False False"
