@@ -19,18 +19,6 @@ CHECKPOINT_PREEMPTED = "hpcnas:checkpoints:preempted"
 # Study system attribute per generation of P finished trials: top-k trial numbers and the rest.
 CHECKPOINT_GENERATION_PREFIX = "hpcnas:checkpoints:generation:"
 
-# --- operations (CLI, dashboard, metrics) -------------------------------------------------
-# Trial user attributes shown by optuna-dashboard (plain names: users read them in the UI).
-# The same names as SupernetObjective's (OBJECTIVE_* below), so every producer agrees.
-USER_ARCHITECTURE = "arch"  # Architecture.to_json()
-USER_ARCHITECTURE_SUMMARY = "arch_description"  # Architecture.describe()
-USER_FLOPS = "flops"
-USER_PARAMS = "params"
-USER_LATENCY = "latency_s"  # seconds
-USER_STAGE = "stage"
-# Study system attributes.
-RUN_N_TRIALS = "hpcnas:run:n_trials"  # the trial target of the search, for progress
-
 # StagedPruner (trial system attributes).
 PRUNER_STAGE_VALUE = "hpcnas:pruner:stage_value:"  # + stage name: the value a trial took there
 PRUNER_STAGE_REACHED = "hpcnas:pruner:stage_reached"
@@ -51,6 +39,18 @@ OBJECTIVE_EPOCHS = "epochs"
 OBJECTIVE_FAIL_REASON = "fail_reason"
 OBJECTIVE_EARLY_STOPPED = "early_stopped"
 
+# --- operations (CLI, dashboard, metrics) -------------------------------------------------
+# Trial user attributes shown by optuna-dashboard: the names SupernetObjective writes, so every
+# producer agrees.
+USER_ARCHITECTURE = OBJECTIVE_ARCH  # Architecture.to_json()
+USER_ARCHITECTURE_SUMMARY = OBJECTIVE_ARCH_DESCRIPTION  # Architecture.describe()
+USER_FLOPS = OBJECTIVE_FLOPS
+USER_PARAMS = OBJECTIVE_PARAMS
+USER_LATENCY = OBJECTIVE_LATENCY  # seconds
+USER_STAGE = OBJECTIVE_STAGE
+# Study system attributes.
+RUN_N_TRIALS = "hpcnas:run:n_trials"  # the trial target of the search, for progress
+
 # Distributed evaluation (optuna_hpcnas.distributed).
 DISTRIBUTED_UTILISATION = "hpcnas:distributed:utilisation"  # study: per-rank time shares (JSON)
 DISTRIBUTED_GROUP = "hpcnas:distributed:group"  # trial: index of the evaluation group
@@ -66,4 +66,3 @@ QUBO_INFO = "hpcnas:qubo:info"
 EVOLUTION_ORIGIN = "hpcnas:evolution:origin"
 """How a trial's parameters were made: ``{"operation", "parent", "second_parent", "level",
 "params"}``; ``params`` lets other workers see a running child before its parameters land."""
-
