@@ -24,7 +24,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--archs", type=int, default=50)
     parser.add_argument("--supernet-epochs", type=int, default=12)
-    parser.add_argument("--paths", type=int, default=2)
+    parser.add_argument("--paths", type=int, default=5)
+    parser.add_argument("--sampling", default="fair", choices=("uniform", "fair"))
+    parser.add_argument("--finetune-optimizer", default="adam", choices=("adam", "sgd"))
     parser.add_argument("--scratch-epochs", type=int, default=5)
     parser.add_argument("--quick-epochs", type=int, default=1)
     parser.add_argument("--medium-epochs", type=int, default=3)
@@ -62,6 +64,7 @@ def main() -> None:
         net,
         SupernetTrainingConfig(
             paths_per_batch=args.paths,
+            sampling=args.sampling,
             epochs=args.supernet_epochs,
             batch_size=32,
             lr=0.01,
@@ -82,7 +85,11 @@ def main() -> None:
         scores["inherited"].append(loss)
         accuracies["inherited"].append(acc)
         stage_seconds["inherited"] += time.perf_counter() - t0
-        optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9, nesterov=True)
+        optimizer: torch.optim.Optimizer
+        if args.finetune_optimizer == "adam":
+            optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+        else:
+            optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9, nesterov=True)
         generator = torch.Generator().manual_seed(i)
         for stage, epochs, lr in (
             ("quick", args.quick_epochs, 1e-3),
@@ -113,7 +120,11 @@ def main() -> None:
 
     n = len(archs)
     print(
-        f"\nRanking fidelity on {n} digits-small architectures vs stand-alone training "
+        f"\nsupernet: {args.supernet_epochs} epochs, {args.paths} paths per batch "
+        f"({args.sampling}); fine-tuning: {args.finetune_optimizer}, quick lr 1e-3, medium lr 1e-2"
+    )
+    print(
+        f"Ranking fidelity on {n} digits-small architectures vs stand-alone training "
         f"({args.scratch_epochs} epochs); validation log-loss (accuracy in brackets)"
     )
     print(f"{'stage':<10} {'epochs':>6} {'kendall tau':>16} {'spearman rho':>16} {'target':>8}")
