@@ -231,7 +231,7 @@ def recalibrate_batch_norm(
     norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
     if not norms:
         return 0
-    saved = [(m.momentum, m.training) for m in norms]
+    saved = [m.momentum for m in norms]
     was_training = model.training
     for m in norms:
         m.reset_running_stats()
@@ -245,9 +245,8 @@ def recalibrate_batch_norm(
                 used += 1
     finally:
         model.train(was_training)
-        for m, (momentum, training) in zip(norms, saved):
+        for m, momentum in zip(norms, saved):
             m.momentum = momentum
-            m.train(training if not was_training else True)
     return used
 
 
