@@ -17,7 +17,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--candidates", type=int, default=30)
-    parser.add_argument("--supernet-epochs", type=int, default=12)
+    parser.add_argument("--supernet-epochs", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
 
@@ -43,7 +43,8 @@ def main() -> None:
         space,
         data,
         training=SupernetTrainingConfig(
-            paths_per_batch=2,
+            paths_per_batch=5,
+            sampling="fair",
             epochs=args.supernet_epochs,
             batch_size=32,
             lr=0.01,
@@ -51,7 +52,9 @@ def main() -> None:
             seed=args.seed,
         ),
         plan=plan,
-        config=ObjectiveConfig(latency_repeats=3, batch_size=32, last_stage=last),
+        config=ObjectiveConfig(
+            latency_repeats=3, batch_size=32, optimizer="adam", last_stage=last
+        ),
     )
     objective.train_supernet()
     rng = np.random.default_rng(args.seed)

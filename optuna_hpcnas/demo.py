@@ -24,7 +24,9 @@ _logger = logging.getLogger(__name__)
 
 
 def demo_plan() -> Any:
-    """The stages used on digits (1,077 training images): the articles' plan, shortened."""
+    """The stages used on digits (1,078 training images): the articles' plan, shortened, with
+    learning rates for Adam fine-tuning.
+    """
     from optuna_hpcnas.pruners import Stage
     from optuna_hpcnas.pruners import StagePlan
 
@@ -32,7 +34,7 @@ def demo_plan() -> Any:
         stages=(
             Stage("quick", 1, 1e-3, promote=1 / 3),
             Stage("medium", 3, 1e-2, promote=1 / 3),
-            Stage("full", 8, 5e-2),
+            Stage("full", 8, 1e-2),
         ),
         patience=3,
     )
@@ -82,8 +84,8 @@ def run_demo(
     sampler: optuna.samplers.BaseSampler | None = None,
     n_trials: int = 300,
     timeout: float = 75.0,
-    supernet_epochs: int = 12,
-    paths_per_batch: int = 2,
+    supernet_epochs: int = 8,
+    paths_per_batch: int = 5,
     retrain_epochs: int = 30,
     threads: int = 1,
     seed: int = 0,
@@ -122,6 +124,7 @@ def run_demo(
         data,
         training=SupernetTrainingConfig(
             paths_per_batch=paths_per_batch,
+            sampling="fair",
             epochs=supernet_epochs,
             batch_size=32,
             lr=0.01,
@@ -129,7 +132,10 @@ def run_demo(
             seed=seed,
         ),
         config=ObjectiveConfig(
-            latency_repeats=5, batch_size=32, max_batches_per_epoch=max_batches_per_epoch
+            latency_repeats=5,
+            batch_size=32,
+            optimizer="adam",
+            max_batches_per_epoch=max_batches_per_epoch,
         ),
         seed=seed,
     )
@@ -209,8 +215,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--trials", type=int, default=300)
     parser.add_argument("--timeout", type=float, default=75.0, help="search seconds")
-    parser.add_argument("--supernet-epochs", type=int, default=12)
-    parser.add_argument("--paths", type=int, default=2, help="paths per supernet batch")
+    parser.add_argument("--supernet-epochs", type=int, default=8)
+    parser.add_argument("--paths", type=int, default=5, help="paths per supernet batch")
     parser.add_argument("--retrain-epochs", type=int, default=30)
     parser.add_argument("--threads", type=int, default=int(os.environ.get("HPCNAS_THREADS", 1)))
     parser.add_argument("--seed", type=int, default=0)

@@ -61,7 +61,10 @@ class ObjectiveConfig:
         max_params: Hard limit on parameters.
         max_latency_s: Hard limit on latency (seconds).
         batch_size: Fine-tuning batch size.
-        momentum: SGD momentum of fine-tuning (the learning rate comes from the stage).
+        optimizer: Fine-tuning optimizer, ``"sgd"`` (Nesterov; the learning rates of the
+            default stages are meant for it) or ``"adam"``; the learning rate comes from the
+            stage.
+        momentum: SGD momentum of fine-tuning.
         max_batches_per_epoch: Cap on fine-tuning batches per epoch (``None``: the whole set).
         last_stage: Name of the last stage to run; default: every stage when the study has a
             ``StagedPruner`` (it stops trials early), else the second stage (or the only one).
@@ -82,6 +85,7 @@ class ObjectiveConfig:
     max_params: float | None = None
     max_latency_s: float | None = None
     batch_size: int = 64
+    optimizer: str = "sgd"
     momentum: float = 0.9
     max_batches_per_epoch: int | None = None
     last_stage: str | None = None
@@ -150,6 +154,8 @@ class ObjectiveConfig:
             )
         if not 0 <= self.momentum < 1:
             raise ValueError(f"`momentum` is {self.momentum!r}, but must be in [0, 1).")
+        if self.optimizer not in ("adam", "sgd"):
+            raise ValueError(f"`optimizer` is {self.optimizer!r}, but must be 'adam' or 'sgd'.")
         if self.on_nan not in ("fail", "prune"):
             raise ValueError(f"`on_nan` is {self.on_nan!r}, but must be 'fail' or 'prune'.")
 
@@ -380,12 +386,16 @@ class SupernetObjective:
         maximize = (
             trial.study.direction == optuna.study.StudyDirection.MAXIMIZE if report else True
         )
-        optimizer = torch.optim.SGD(
-            model.parameters(),
-            lr=plan.stages[0].lr,
-            momentum=self.config.momentum,
-            nesterov=self.config.momentum > 0,
-        )
+        optimizer: torch.optim.Optimizer
+        if self.config.optimizer == "adam":
+            optimizer = torch.optim.Adam(model.parameters(), lr=plan.stages[0].lr)
+        else:
+            optimizer = torch.optim.SGD(
+                model.parameters(),
+                lr=plan.stages[0].lr,
+                momentum=self.config.momentum,
+                nesterov=self.config.momentum > 0,
+            )
         generator = torch.Generator().manual_seed(trial.number)
         value = self._value(accuracy, costs)
         best: float | None = None

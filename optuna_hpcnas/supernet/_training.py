@@ -51,6 +51,7 @@ class PathSampling(str, Enum):
     """Where the ``k`` paths of a batch come from."""
 
     UNIFORM = "uniform"
+    FAIR = "fair"
     POPULATION = "population"
 
 
@@ -60,7 +61,10 @@ class SupernetTrainingConfig:
 
     Args:
         paths_per_batch: ``k`` architectures sampled per batch, gradients accumulated.
-        sampling: ``"uniform"`` over the space, or ``"population"``: from the architectures
+        sampling: ``"uniform"`` over the space; ``"fair"``: uniform, except that the ``k``
+            paths of a batch cycle through every operator of every cell in a random order,
+            so each operator gets the same number of updates (FairNAS's strict fairness when
+            ``k`` is the number of operators); or ``"population"``: from the architectures
             given with ``SupernetTrainer.set_population`` (uniform until one is given).
         optimizer: ``"adam"`` (AdamW-style decoupled decay off: plain Adam with L2) or
             ``"sgd"`` (Nesterov momentum); the learning rate decays on a cosine over ``epochs``.
@@ -227,7 +231,7 @@ def recalibrate_batch_norm(
     norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
     if not norms:
         return 0
-    saved = [(m.momentum, m.training) for m in norms]
+    saved = [m.momentum for m in norms]
     was_training = model.training
     for m in norms:
         m.reset_running_stats()
@@ -241,9 +245,8 @@ def recalibrate_batch_norm(
                 used += 1
     finally:
         model.train(was_training)
-        for m, (momentum, training) in zip(norms, saved):
+        for m, momentum in zip(norms, saved):
             m.momentum = momentum
-            m.train(training if not was_training else True)
     return used
 
 
@@ -316,10 +319,44 @@ class SupernetTrainer:
 
     def sample_paths(self, k: int | None = None) -> list[Architecture]:
         k = self.config.paths_per_batch if k is None else k
-        if PathSampling(self.config.sampling) == PathSampling.POPULATION and self._population:
+        sampling = PathSampling(self.config.sampling)
+        if sampling == PathSampling.POPULATION and self._population:
             idx = self._rng.integers(len(self._population), size=k)
             return [self._population[int(i)] for i in idx]
+        if sampling == PathSampling.FAIR:
+            return self._fair_paths(k)
         return [self.space.sample(self._rng) for _ in range(k)]
+
+    def _fair_paths(self, k: int) -> list[Architecture]:
+        space = self.space
+        names = {d.name for d in space.decisions}
+        paths = []
+        orders = {}
+        for i in range(space.num_cells):
+            name = f"node.cell{i}.op"
+            if name in names and not space.decision(name).is_constant:
+                choices = space.decision(name).choices
+                orders[i] = [choices[int(j)] for j in self._rng.permutation(len(choices))]
+        for j in range(k):
+            params = space.to_params(space.sample(self._rng))
+            for i, order in orders.items():
+                prefix, op = f"node.cell{i}.", order[j % len(order)]
+                if params[prefix + "op"] == op:
+                    continue
+                for key in [key for key in params if key.startswith(prefix)]:
+                    del params[key]
+                params[prefix + "op"] = op
+                for d in space.decisions:
+                    if (
+                        d.name.startswith(prefix)
+                        and d.parent == prefix + "op"
+                        and not d.is_constant
+                        and d.active_when is not None
+                        and op in d.active_when
+                    ):
+                        params[d.name] = d.choices[int(self._rng.integers(len(d.choices)))]
+            paths.append(space.from_params(params))
+        return paths
 
     # ------------------------------------------------------------------ loop
     def _lr_at(self, epoch: float) -> float:

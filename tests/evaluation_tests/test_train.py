@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 
@@ -105,3 +106,14 @@ def test_lazy_top_level_names_do_not_import_torch_eagerly() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "SuperNet"
+
+
+def test_sequence_preset_trains_from_scratch() -> None:
+    space = HierarchicalSearchSpace.preset(
+        "sequence", widths=(8, 16), data_parallel=(1,), pipeline_stages=(1,)
+    )
+    task = make_sequence_task(num_samples=120, length=8, features=4, num_classes=3)
+    arch = space.sample(np.random.default_rng(3))
+    result = train_from_scratch(space, arch, task, epochs=2, latency_repeats=1)
+    assert 0.0 <= result["valid_accuracy"] <= 1.0 and math.isfinite(result["valid_loss"])
+    assert result["flops"] > 0

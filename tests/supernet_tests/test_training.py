@@ -135,3 +135,17 @@ def test_training_config_validation() -> None:
             SupernetTrainingConfig(**bad)  # type: ignore[arg-type]
     with pytest.raises(TypeError):
         SupernetTrainingConfig(epochs=1.5)  # type: ignore[arg-type]
+
+
+def test_fair_sampling_trains_every_operator_equally() -> None:
+    config = SupernetTrainingConfig(sampling="fair", paths_per_batch=8)
+    trainer = SupernetTrainer(_net(), config)
+    for _ in range(3):
+        paths = trainer.sample_paths()
+        assert all(SPACE.contains(p) for p in paths)
+        for i in range(SPACE.num_cells):
+            counts = {
+                op: sum(p.cells[i].op == op for p in paths)
+                for op in ("conv3x3", "sepconv3x3", "maxpool3x3", "identity")
+            }
+            assert set(counts.values()) == {2}  # 8 paths over 4 operators
