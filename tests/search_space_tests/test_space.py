@@ -165,6 +165,12 @@ def test_mutate_changes_exactly_one_decision(seed: int, level: Level | None, pre
     space = HierarchicalSearchSpace.preset(preset, max_ranks=4)
     rng = np.random.default_rng(seed)
     parent = space.sample(rng)
+    params = space.to_params(parent)
+    if level is not None and not any(space.decision(k).level == level for k in params):
+        # e.g. every cell an identity or a pool: no micro parameter applies
+        with pytest.raises(ValueError, match=f"at level '{level.value}'"):
+            space.mutate(parent, rng, level=level)
+        return
     child = space.mutate(parent, rng, level=level)
     assert space.contains(child) and space.is_feasible(child)
     before, after = space.to_params(parent), space.to_params(child)
