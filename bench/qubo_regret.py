@@ -39,6 +39,8 @@ from optuna_hpcnas import _keys
 from optuna_hpcnas import HierarchicalSearchSpace
 from optuna_hpcnas.samplers import EvolutionarySampler
 from optuna_hpcnas.samplers import QUBOSampler
+from qubo import BayesianQuadratic
+from qubo import FactorizationMachine
 from qubo import LinearBudget
 
 TABLE = Path(__file__).parent / "data" / "digits_small.parquet"
@@ -127,40 +129,34 @@ class Digits(Problem):
         return self.table[self.space.suggest(trial).to_json()]
 
 
-def variants() -> dict[str, Factory]:
-    """QUBOSampler settings for ablations (``--samplers QUBO-bayes,QUBO-penalty0,...``)."""
-    from qubo import BayesianQuadratic
-
-    return {
-        "QUBO-penalty0": lambda s, b: QUBOSampler(seed=s, budgets=b, evaluated_penalty=0.0),
-        "QUBO-penalty1": lambda s, b: QUBOSampler(seed=s, budgets=b, evaluated_penalty=1.0),
-        "QUBO-mean": lambda s, b: QUBOSampler(
-            seed=s, budgets=b, surrogate=BayesianQuadratic(thompson=False)
-        ),
-        "QUBO-startup5": lambda s, b: QUBOSampler(seed=s, budgets=b, n_startup_trials=5),
-        "QUBO-startup20": lambda s, b: QUBOSampler(seed=s, budgets=b, n_startup_trials=20),
-        "QUBO-reads128": lambda s, b: QUBOSampler(seed=s, budgets=b, num_reads=128),
-    }
-
-
 def samplers() -> dict[str, Factory]:
+    """Every sampler of the comparison; QUBOSampler settings are spelled out, so a row keeps
+    its meaning when a default changes."""
+
+    def qubo(surrogate: Any, startup: int = 10, **kw: Any) -> Factory:
+        return lambda s, b: QUBOSampler(
+            seed=s, budgets=b, surrogate=surrogate, n_startup_trials=startup, **kw
+        )
+
     return {
-        "QUBO-bayes": lambda s, b: QUBOSampler(seed=s, budgets=b),
-        "QUBO-fm": lambda s, b: QUBOSampler(seed=s, budgets=b, surrogate="fm"),
+        "QUBO-bayes-TS": qubo(BayesianQuadratic(thompson=True)),
+        "QUBO-bayes-mean": qubo(BayesianQuadratic(thompson=False)),
+        "QUBO-bayes-TS-s5": qubo(BayesianQuadratic(thompson=True), startup=5),
+        "QUBO-bayes-mean-s5": qubo(BayesianQuadratic(thompson=False), startup=5),
+        "QUBO-fm": qubo(FactorizationMachine()),
+        "QUBO-penalty0": qubo(BayesianQuadratic(), evaluated_penalty=0.0),
+        "QUBO-penalty1": qubo(BayesianQuadratic(), evaluated_penalty=1.0),
         "Random": lambda s, b: optuna.samplers.RandomSampler(seed=s),
         "TPE": lambda s, b: optuna.samplers.TPESampler(seed=s),
         "Evolution": lambda s, b: EvolutionarySampler(seed=s),
     }
 
 
+DEFAULT_ROWS = "QUBO-bayes-TS,QUBO-bayes-mean,QUBO-bayes-TS-s5,QUBO-fm,Random,TPE,Evolution"
+
+
 def run(problem: Problem, make: Factory, seed: int, n: int) -> dict[str, Any]:
-    sampler = make(seed)
-    if isinstance(sampler, QUBOSampler) and problem.budgets:
-        sampler = QUBOSampler(
-            seed=seed,
-            surrogate=sampler._surrogate,
-            budgets=problem.budgets,
-        )
+    sampler = make(seed, problem.budgets)  # only QUBOSampler can use the budgets
     study = optuna.create_study(sampler=sampler)
     study.optimize(problem.objective, n_trials=n)
     best, regrets, feasible = math.inf, [], []
@@ -209,13 +205,13 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=20)
     parser.add_argument("--trials", type=int, default=100)
     parser.add_argument("--problems", default="quadratic,quadratic-flops,digits-small")
-    parser.add_argument("--samplers", default=",".join(samplers()))
+    parser.add_argument("--samplers", default=DEFAULT_ROWS, help=f"from {list(samplers())}")
     parser.add_argument("--no-timing", action="store_true")
     parser.add_argument("--json", type=Path, default=None, help="also write raw results here")
     args = parser.parse_args()
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-    known = {**samplers(), **variants()}
+    known = samplers()
     chosen = {k: known[k] for k in args.samplers.split(",")}
     raw: dict[str, Any] = {}
     for pname in args.problems.split(","):
