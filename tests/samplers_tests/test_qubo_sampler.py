@@ -206,3 +206,23 @@ def test_sampler_module_imports_without_dimod() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False False"
+
+
+def test_failed_and_pruned_codes_are_not_proposed_again() -> None:
+    def objective(trial: optuna.Trial) -> float:
+        a = trial.suggest_categorical("a", ["x", "y"])
+        b = trial.suggest_int("b", 0, 1)
+        if (a, b) == ("x", 0):
+            raise RuntimeError("out of memory")
+        if (a, b) == ("y", 1):
+            raise optuna.TrialPruned()
+        return float(b)
+
+    study = optuna.create_study(sampler=QUBOSampler(seed=0, n_startup_trials=1))
+    study.enqueue_trial({"a": "x", "b": 0})
+    study.enqueue_trial({"a": "y", "b": 1})
+    study.enqueue_trial({"a": "y", "b": 0})
+    study.optimize(objective, n_trials=4, catch=(RuntimeError,))
+    # The fourth trial comes from the QUBO and must be the one code not seen yet.
+    assert study.trials[3].params == {"a": "x", "b": 1}
+    assert _keys.QUBO_INFO in study.trials[3].system_attrs
