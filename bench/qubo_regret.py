@@ -139,10 +139,12 @@ def samplers() -> dict[str, Factory]:
         )
 
     return {
-        "QUBO-bayes-TS": qubo(BayesianQuadratic(thompson=True)),
-        "QUBO-bayes-mean": qubo(BayesianQuadratic(thompson=False)),
-        "QUBO-bayes-TS-s5": qubo(BayesianQuadratic(thompson=True), startup=5),
-        "QUBO-bayes-mean-s5": qubo(BayesianQuadratic(thompson=False), startup=5),
+        "QUBO-bayes-TS": qubo(BayesianQuadratic(exploration=1.0)),
+        "QUBO-bayes-mean": qubo(BayesianQuadratic(exploration=0.0)),
+        "QUBO-bayes-TS-s5": qubo(BayesianQuadratic(exploration=1.0), startup=5),
+        "QUBO-bayes-mean-s5": qubo(BayesianQuadratic(exploration=0.0), startup=5),
+        "QUBO-bayes-half": qubo(BayesianQuadratic(exploration=0.5)),
+        "QUBO-bayes-half-s5": qubo(BayesianQuadratic(exploration=0.5), startup=5),
         "QUBO-fm": qubo(FactorizationMachine()),
         "QUBO-penalty0": qubo(BayesianQuadratic(), evaluated_penalty=0.0),
         "QUBO-penalty1": qubo(BayesianQuadratic(), evaluated_penalty=1.0),

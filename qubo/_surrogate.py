@@ -91,7 +91,8 @@ class BayesianQuadratic(Surrogate):
     """Bayesian linear regression on bits and pairwise products, sampled by Thompson sampling.
 
     Args:
-        thompson: Draw a posterior sample (default) or return the posterior mean.
+        exploration: Scale of the posterior deviation in the draw: ``1.0`` is a Thompson
+            sample, ``0.0`` the posterior mean, values between a tempered Thompson sample.
         noise_grid: Candidate noise variances (of the standardised objective).
         pairwise_share_grid: Candidate shares of the prior signal variance carried by the
             pairwise terms.
@@ -101,7 +102,7 @@ class BayesianQuadratic(Surrogate):
         >>> rng = np.random.default_rng(0)
         >>> x = rng.integers(0, 2, size=(30, 6))
         >>> y = x[:, 0] * x[:, 1] - x[:, 2]
-        >>> m = BayesianQuadratic(thompson=False).draw(x, y, rng)
+        >>> m = BayesianQuadratic(exploration=0.0).draw(x, y, rng)
         >>> bool(m.quadratic[0, 1] > 0.5 and m.linear[2] < -0.5)
         True
     """
@@ -109,19 +110,21 @@ class BayesianQuadratic(Surrogate):
     def __init__(
         self,
         *,
-        thompson: bool = True,
+        exploration: float = 1.0,
         noise_grid: tuple[float, ...] = (1e-3, 1e-2, 0.05, 0.2),
         pairwise_share_grid: tuple[float, ...] = (0.1, 0.3, 0.6, 0.9),
     ) -> None:
-        if not isinstance(thompson, bool):
-            raise TypeError(f"`thompson` must be a bool, but got {thompson!r}.")
+        if isinstance(exploration, bool) or not isinstance(exploration, (int, float)):
+            raise TypeError(f"`exploration` must be a float, but got {exploration!r}.")
+        if not 0.0 <= exploration <= 10.0:
+            raise ValueError(f"`exploration` is {exploration}, but must be in [0, 10].")
         for name, grid in (
             ("noise_grid", noise_grid),
             ("pairwise_share_grid", pairwise_share_grid),
         ):
             if not grid or any(not (float(v) > 0) for v in grid):
                 raise ValueError(f"`{name}` is {grid!r}, but must hold positive numbers.")
-        self._thompson = thompson
+        self._exploration = float(exploration)
         self._noise_grid = tuple(float(v) for v in noise_grid)
         self._share_grid = tuple(float(v) for v in pairwise_share_grid)
 
@@ -165,12 +168,15 @@ class BayesianQuadratic(Surrogate):
         shared = x @ x.T
         va, vb, noise, lam, vec = self._posterior_basis(shared, y, float(x.sum(axis=1).mean()))
         target: np.ndarray = y
-        if self._thompson:
+        if self._exploration > 0:
             # Matheron's rule: prior draw, corrected by the posterior update of its residual.
-            lin0: np.ndarray = np.asarray(rng.normal(0.0, math.sqrt(va), n))
-            quad0 = np.triu(rng.normal(0.0, math.sqrt(vb), (n, n)), 1)
+            # The draw is linear in the random parts, so scaling them by ``exploration`` gives
+            # ``mean + exploration * (sample - mean)``.
+            e = self._exploration
+            lin0: np.ndarray = e * np.asarray(rng.normal(0.0, math.sqrt(va), n))
+            quad0 = e * np.triu(rng.normal(0.0, math.sqrt(vb), (n, n)), 1)
             prior_at_data = x @ lin0 + ((x @ quad0) * x).sum(axis=1)
-            target = y - prior_at_data - rng.normal(0.0, math.sqrt(noise), n_obs)
+            target = y - prior_at_data - e * rng.normal(0.0, math.sqrt(noise), n_obs)
         else:
             lin0 = np.zeros(n)
             quad0 = np.zeros((n, n))

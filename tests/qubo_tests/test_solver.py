@@ -161,9 +161,12 @@ def test_thompson_draws_differ_but_mean_is_deterministic() -> None:
     a = BayesianQuadratic().draw(x, y, np.random.default_rng(1))
     b = BayesianQuadratic().draw(x, y, np.random.default_rng(2))
     assert not np.allclose(a.linear, b.linear)
-    m1 = BayesianQuadratic(thompson=False).draw(x, y, np.random.default_rng(1))
-    m2 = BayesianQuadratic(thompson=False).draw(x, y, np.random.default_rng(2))
+    m1 = BayesianQuadratic(exploration=0.0).draw(x, y, np.random.default_rng(1))
+    m2 = BayesianQuadratic(exploration=0.0).draw(x, y, np.random.default_rng(2))
     np.testing.assert_allclose(m1.linear, m2.linear)
+    # A tempered draw lies between: half the deviation of the full sample with the same rng.
+    half = BayesianQuadratic(exploration=0.5).draw(x, y, np.random.default_rng(1))
+    np.testing.assert_allclose(half.linear - m1.linear, 0.5 * (a.linear - m1.linear), atol=1e-9)
 
 
 def test_bad_inputs() -> None:
@@ -180,6 +183,8 @@ def test_bad_inputs() -> None:
         QUBOProblem(enc, budgets=[LinearBudget("f", costs={("z", 0): 1}, limit=1)])
     with pytest.raises(ValueError, match="at least one observation"):
         BayesianQuadratic().draw(np.zeros((0, 2)), np.zeros(0), np.random.default_rng())
+    with pytest.raises(ValueError, match="`exploration` is -1"):
+        BayesianQuadratic(exploration=-1.0)
     with pytest.raises(ValueError, match="`rank` is 0"):
         FactorizationMachine(rank=0)
     with pytest.raises(ValueError, match="`num_reads` is 0"):
