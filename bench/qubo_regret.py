@@ -139,6 +139,7 @@ def samplers() -> dict[str, Factory]:
         )
 
     return {
+        "QUBO-default": lambda s, b: QUBOSampler(seed=s, budgets=b),
         "QUBO-bayes-TS": qubo(BayesianQuadratic(exploration=1.0)),
         "QUBO-bayes-mean": qubo(BayesianQuadratic(exploration=0.0)),
         "QUBO-bayes-TS-s5": qubo(BayesianQuadratic(exploration=1.0), startup=5),
@@ -154,7 +155,7 @@ def samplers() -> dict[str, Factory]:
     }
 
 
-DEFAULT_ROWS = "QUBO-bayes-TS,QUBO-bayes-mean,QUBO-bayes-TS-s5,QUBO-fm,Random,TPE,Evolution"
+DEFAULT_ROWS = "QUBO-default,QUBO-bayes-TS,QUBO-bayes-mean,QUBO-fm,Random,TPE,Evolution"
 
 
 def run(problem: Problem, make: Factory, seed: int, n: int) -> dict[str, Any]:
@@ -209,6 +210,7 @@ def main() -> None:
     parser.add_argument("--problems", default="quadratic,quadratic-flops,digits-small")
     parser.add_argument("--samplers", default=DEFAULT_ROWS, help=f"from {list(samplers())}")
     parser.add_argument("--no-timing", action="store_true")
+    parser.add_argument("--timing-only", action="store_true", help="only ms per ask")
     parser.add_argument("--json", type=Path, default=None, help="also write raw results here")
     args = parser.parse_args()
     optuna.logging.set_verbosity(optuna.logging.ERROR)
@@ -224,6 +226,19 @@ def main() -> None:
             Digits() if pname == "digits-small" else Quadratic(s, flops=pname.endswith("flops"))
             for s in (range(args.seeds) if pname != "digits-small" else [0])
         ]
+        if args.timing_only:
+            print(f"\n## {pname}: ms per ask (fit + anneal) with 50 and 200 finished trials")
+            print("| sampler | ms/ask@50 | ms/ask@200 |\n|---|---|---|")
+            timings = {
+                sname: [ms_per_ask(instances[0], make, n) for n in (50, 200)]
+                for sname, make in chosen.items()
+            }
+            for sname, (t50, t200) in timings.items():
+                ratio = ""
+                if "Random" in timings:
+                    ratio = f" ({t200 / timings['Random'][1]:.0f}x Random)"
+                print(f"| {sname} | {t50:.1f} | {t200:.1f}{ratio} |", flush=True)
+            continue
         results: dict[str, list[dict[str, Any]]] = {}
         for sname, make in chosen.items():
             results[sname] = [
