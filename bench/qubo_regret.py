@@ -113,15 +113,18 @@ class Quadratic(Problem):
 class Digits(Problem):
     name = "digits-small"
 
-    def __init__(self) -> None:
+    def __init__(self, paths: list[Path]) -> None:
         import pyarrow.parquet as pq
 
         self.space = HierarchicalSearchSpace.preset("digits-small")
-        rows = pq.read_table(TABLE, columns=["arch_json", "valid_accuracy"]).to_pylist()
-        self.table = {r["arch_json"]: -float(r["valid_accuracy"]) for r in rows}
+        self.table: dict[str, float] = {}
+        for path in paths:  # the table, or the shards it is built from
+            rows = pq.read_table(path, columns=["arch_json", "valid_accuracy"]).to_pylist()
+            self.table.update({r["arch_json"]: -float(r["valid_accuracy"]) for r in rows})
         if len(self.table) != self.space.cardinality():
             raise RuntimeError(
-                f"{TABLE} has {len(self.table)} rows, the space {self.space.cardinality()}."
+                f"{[str(p) for p in paths]} hold {len(self.table)} architectures, "
+                f"the space {self.space.cardinality()}."
             )
         self.optimum = min(self.table.values())
 
@@ -197,10 +200,10 @@ def ms_per_ask(problem: Problem, make: Factory, n: int, repeats: int = 5) -> flo
     return 1000.0 * elapsed / repeats
 
 
-def _fmt(values: list[float]) -> str:
+def _fmt(values: list[float], digits: int = 3) -> str:
     mean = float(np.mean(values))
     sem = float(np.std(values, ddof=1) / math.sqrt(len(values))) if len(values) > 1 else 0.0
-    return f"{mean:.3f}±{sem:.3f}"
+    return f"{mean:.{digits}f}±{sem:.{digits}f}"
 
 
 def main() -> None:
@@ -212,6 +215,9 @@ def main() -> None:
     parser.add_argument("--no-timing", action="store_true")
     parser.add_argument("--timing-only", action="store_true", help="only ms per ask")
     parser.add_argument("--json", type=Path, default=None, help="also write raw results here")
+    parser.add_argument(
+        "--table", type=Path, nargs="+", default=[TABLE], help="digits-small table (or shards)"
+    )
     args = parser.parse_args()
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
@@ -219,11 +225,13 @@ def main() -> None:
     chosen = {k: known[k] for k in args.samplers.split(",")}
     raw: dict[str, Any] = {}
     for pname in args.problems.split(","):
-        if pname == "digits-small" and not TABLE.exists():
-            print(f"\n## {pname}: skipped, {TABLE} is missing")
+        if pname == "digits-small" and not all(p.exists() for p in args.table):
+            print(f"\n## {pname}: skipped, {args.table} missing")
             continue
         instances = [
-            Digits() if pname == "digits-small" else Quadratic(s, flops=pname.endswith("flops"))
+            Digits(args.table)
+            if pname == "digits-small"
+            else Quadratic(s, flops=pname.endswith("flops"))
             for s in (range(args.seeds) if pname != "digits-small" else [0])
         ]
         if args.timing_only:
@@ -261,7 +269,8 @@ def main() -> None:
             else {}
         )
         for sname, rs in results.items():
-            cells = [sname] + [_fmt([r["regret"][k] for r in rs]) for k in checkpoints]
+            digits = 4 if pname == "digits-small" else 3  # accuracy regrets are small
+            cells = [sname] + [_fmt([r["regret"][k] for r in rs], digits) for k in checkpoints]
             for k in checkpoints:
                 mine = np.mean([r["regret"][k] for r in rs])
                 cells.append(f"{mine / base[k]:.2f}" if base.get(k) else "-")
