@@ -176,8 +176,9 @@ class QUBOSampler(BaseSampler):
         independent_sampler: Sampler for parameters outside the relative search space;
             ``RandomSampler(seed=seed)`` by default.
 
-    Sampling facts (fit and solve time, feasibility rate, BQM size, fallback) go to the
-    trial system attribute ``hpcnas:qubo:info``.
+    Sampling facts (fit and solve time, feasibility rate, BQM size, fallback, the proposed
+    params, which other workers read before the trial suggests them) go to the trial system
+    attribute ``hpcnas:qubo:info``.
 
     Example:
         >>> import optuna
@@ -415,7 +416,12 @@ class QUBOSampler(BaseSampler):
             if t._trial_id in cache:
                 bits = cache[t._trial_id]
             else:
-                bits = layout.encode(t.params)
+                params = t.params
+                if not t.state.is_finished():
+                    # A running trial may not have suggested yet: use what this sampler proposed.
+                    proposed = t.system_attrs.get(_keys.QUBO_INFO, {}).get("params", {})
+                    params = {**proposed, **params}
+                bits = layout.encode(params)
                 if t.state.is_finished():
                     cache[t._trial_id] = bits
             if bits is None:
@@ -500,6 +506,7 @@ class QUBOSampler(BaseSampler):
         if len(solution.codes):
             params = layout.decode(solution.codes[0])
             info["predicted"] = float(solution.energies[0])
+            info["params"] = params
         else:
             _logger.info("Trial %d: no new feasible code from the solver; random.", trial.number)
             params = self._random(layout, rng, list(codes) + busy)
