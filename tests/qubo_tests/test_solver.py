@@ -204,3 +204,16 @@ def test_import_without_dimod() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "True"
+
+
+def test_all_samples_evaluated_falls_back_to_unseen_neighbours() -> None:
+    enc = OneHotEncoding(["a", "b"], [range(3), range(3)])
+    problem = QUBOProblem(enc)
+    model = QuadraticModel(np.array([-5.0, 0, 0, -5.0, 0, 1.0]), np.zeros((6, 6)))
+    evaluated = [enc.encode([0, 0])]  # the surrogate's clear optimum
+    solution = solve(problem, model, evaluated=evaluated, seed=0)
+    assert solution.info["n_neighbours"] > 0
+    decoded = [enc.decode(c) for c in solution.codes]
+    # Energies -5, -5, -5 (ties in any order), then -4.
+    assert sorted(decoded[:3]) == [[0, 1], [1, 0], [2, 0]]
+    assert decoded[3:] == [[0, 2]]

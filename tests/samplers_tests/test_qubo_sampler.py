@@ -226,3 +226,26 @@ def test_failed_and_pruned_codes_are_not_proposed_again() -> None:
     # The fourth trial comes from the QUBO and must be the one code not seen yet.
     assert study.trials[3].params == {"a": "x", "b": 1}
     assert _keys.QUBO_INFO in study.trials[3].system_attrs
+
+
+def test_running_trial_is_skipped_before_it_suggests() -> None:
+    storage = optuna.storages.InMemoryStorage()
+    a = optuna.create_study(storage=storage, study_name="s", sampler=QUBOSampler(seed=0))
+    b = optuna.load_study(storage=storage, study_name="s", sampler=QUBOSampler(seed=1))
+    dists = {
+        "a": optuna.distributions.CategoricalDistribution(["x", "y"]),
+        "b": optuna.distributions.IntDistribution(0, 1),
+    }
+    for i, params in enumerate([("x", 0), ("x", 1), ("y", 0), ("y", 0), ("x", 0)]):
+        a.add_trial(
+            optuna.trial.create_trial(params=dict(zip("ab", params)), distributions=dists, value=i)
+        )
+    first = a.ask()
+    # Optuna draws relative params at the first suggest: "b" is proposed but not stored yet.
+    # ("y", 1) is the one code not evaluated yet.
+    assert first.suggest_categorical("a", ["x", "y"]) == "y"
+    assert first.params == {"a": "y"}
+    second = b.ask(dists)
+    info = storage.get_trial_system_attrs(second._trial_id)[_keys.QUBO_INFO]
+    assert info["fallback"] is True  # ("y", 1) is taken by the running trial: nothing is new
+    assert first.suggest_int("b", 0, 1) == 1
