@@ -89,6 +89,7 @@ class StudyCache:
         self.space: HierarchicalSearchSpace | None = None
         self.space_final = False
         self.space_distributions: dict[str, BaseDistribution] | None = None
+        self.space_cardinality = 0
         self.intersection: dict[str, BaseDistribution] | None = None
         self.n_finished = 0
         self.updated_for: int | None = None

@@ -30,8 +30,9 @@ if TYPE_CHECKING:
     from optuna_hpcnas.samplers._evolution._cache import Member
     from optuna_hpcnas.search_space import Architecture
 
-# Fresh draws tried before a duplicate is accepted.
-_MAX_ATTEMPTS = 16
+# Mutations (then random draws) tried before the next fallback. Few: enumerating the
+# parent's neighbours is exact and, on small spaces, cheaper than many blind retries.
+_MAX_ATTEMPTS = 4
 
 
 def _check_int(name: str, value: Any, minimum: int) -> int:
@@ -243,6 +244,7 @@ class EvolutionarySampler(BaseSampler):
             cache.space_final = cache.space is not None or cache.n_finished > 0
             if cache.space is not None:
                 cache.space_distributions = dict(cache.space.distributions())
+                cache.space_cardinality = cache.space.cardinality()
         return cache
 
     # ------------------------------------------------------------------ search space
@@ -292,7 +294,7 @@ class EvolutionarySampler(BaseSampler):
             if self._avoid_duplicates:
                 if hierarchical:
                     assert space is not None
-                    cache.use_keys(("hierarchical", space.to_json()), self._arch_key_fn(space))
+                    cache.use_keys(id(space), self._arch_key_fn(space))
                 else:
                     frozen = dict(search_space)
                     cache.use_keys(
@@ -314,14 +316,12 @@ class EvolutionarySampler(BaseSampler):
 
     @staticmethod
     def _arch_key_fn(space: HierarchicalSearchSpace) -> Any:
-        names = set(space.distributions())
+        # The active, non-constant parameters identify an architecture exactly as its one-hot
+        # encoding does (``space.encode``), at a fraction of the cost.
+        names = frozenset(space.distributions())
 
         def key(params: dict[str, Any]) -> Hashable | None:
-            try:
-                arch = space.from_params({k: v for k, v in params.items() if k in names})
-            except ValueError:
-                return None
-            return space.encode(arch).tobytes()
+            return tuple(sorted((k, v) for k, v in params.items() if k in names))
 
         return key
 
@@ -357,9 +357,11 @@ class EvolutionarySampler(BaseSampler):
         self, cache: StudyCache, space: HierarchicalSearchSpace, rng: np.random.Generator
     ) -> dict[str, Any]:
         key_fn = self._arch_key_fn(space)
+        # Once every architecture was seen, avoiding duplicates only costs time.
+        avoid = self._avoid_duplicates and cache.num_seen < cache.space_cardinality
 
         def unseen(params: dict[str, Any]) -> bool:
-            return not self._avoid_duplicates or not cache.is_seen(key_fn(params))
+            return not avoid or not cache.is_seen(key_fn(params))
 
         def random_child() -> dict[str, Any]:
             params = space.to_params(space.sample(rng))
@@ -392,14 +394,16 @@ class EvolutionarySampler(BaseSampler):
                 base = _variation.crossover_architectures(space, parent_arch, other, rng)
                 origin["operation"] = "crossover"
                 origin["second_parent"] = second.number
+        base_params = space.to_params(base)
         for _ in range(_MAX_ATTEMPTS):
-            child, level = self._mutate(space, base, rng)
-            params = space.to_params(child)
+            params, level = self._mutate(space, base, base_params, rng)
             if unseen(params):
                 origin["level"] = level
                 origin["params"] = params
                 return origin
-        fresh = [p for p in _variation.neighbours(space, parent_arch) if unseen(p)]
+        fresh = (
+            [p for p in _variation.neighbours(space, parent_arch) if unseen(p)] if avoid else []
+        )
         if fresh:
             origin["operation"] = "neighbour"
             origin["params"] = fresh[int(rng.integers(len(fresh)))]
@@ -419,10 +423,15 @@ class EvolutionarySampler(BaseSampler):
             return None
 
     def _mutate(
-        self, space: HierarchicalSearchSpace, arch: Architecture, rng: np.random.Generator
-    ) -> tuple[Architecture, str | None]:
+        self,
+        space: HierarchicalSearchSpace,
+        arch: Architecture,
+        params: dict[str, Any],
+        rng: np.random.Generator,
+    ) -> tuple[dict[str, Any], str | None]:
+        """Params of a one-decision mutation of ``arch`` (whose params are ``params``), and
+        the level of the decision that changed."""
         if self._level_weights is not None:
-            params = space.to_params(arch)
             levels = sorted(
                 {
                     space.decision(name).level
@@ -435,14 +444,13 @@ class EvolutionarySampler(BaseSampler):
             if weights.sum() > 0:
                 level = levels[int(rng.choice(len(levels), p=weights / weights.sum()))]
                 try:
-                    return space.mutate(arch, rng, level=level), level.value
+                    child = space.mutate(arch, rng, level=level)
+                    return space.to_params(child), level.value
                 except ValueError:
                     pass  # e.g. no feasible cluster layout at that level
-        before = space.to_params(arch)
-        child = space.mutate(arch, rng)
-        after = space.to_params(child)
-        changed = [n for n in before if n in after and before[n] != after[n]]
-        return child, space.decision(changed[0]).level.value if changed else None
+        after = space.to_params(space.mutate(arch, rng))
+        changed = [n for n in params if n in after and params[n] != after[n]]
+        return after, space.decision(changed[0]).level.value if changed else None
 
     def _child_of_params(
         self,

@@ -1,0 +1,191 @@
+"""EvolutionarySampler against Optuna's samplers on the digits-small tabular NAS benchmark.
+
+Prints four tables (markdown): mean regret with 95% intervals after 50/100/200 trials without
+and with a FLOPs budget, two-objective hypervolume (log-loss vs FLOPs), and ms per ask at 200
+and 5,000 trials. Objective: validation log-loss (minimised). Regret: best-so-far log-loss
+minus the table's best (x100), and the test accuracy (points) the incumbent misses.
+
+    python bench/evolution_vs_peers.py                     # the real table, 30 seeds
+    python bench/evolution_vs_peers.py --synthetic --seeds 5 --gp-seeds 2
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+import json
+import multiprocessing
+import os
+from pathlib import Path
+import sys
+import time
+from typing import Any
+import warnings
+
+import numpy as np
+import optuna
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from nas_table import DIGITS_TABLE
+from nas_table import HypervolumeScale
+from nas_table import load_table
+from nas_table import mean_ci
+from nas_table import ms_per_ask
+from nas_table import NASTable
+from nas_table import regret_curve
+from nas_table import run_multi
+from nas_table import run_single
+from nas_table import synthetic_table
+
+from optuna_hpcnas.samplers import EvolutionarySampler
+
+CHECKPOINTS = (50, 100, 200)
+SAMPLERS: dict[str, Callable[[int], optuna.samplers.BaseSampler]] = {
+    "Evolution": lambda s: EvolutionarySampler(seed=s),
+    "Random": lambda s: optuna.samplers.RandomSampler(seed=s),
+    "TPE (multivariate)": lambda s: optuna.samplers.TPESampler(
+        multivariate=True, group=True, seed=s
+    ),
+    "NSGA-II": lambda s: optuna.samplers.NSGAIISampler(seed=s),
+    "GP": lambda s: optuna.samplers.GPSampler(seed=s, warn_independent_sampling=False),
+}
+MO_SAMPLERS = ("Evolution", "NSGA-II", "TPE (multivariate)", "Random")
+
+_TABLE: NASTable | None = None  # set before the worker pool forks
+
+
+def _quiet() -> None:
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    warnings.filterwarnings("ignore")
+
+
+def _task(args: tuple[str, str, int, int, float | None]) -> tuple[Any, ...]:
+    _quiet()
+    setting, name, seed, n_trials, budget = args
+    assert _TABLE is not None
+    sampler = SAMPLERS[name](seed)
+    if setting == "multi":
+        run = run_multi(_TABLE, sampler, n_trials)
+        scale = HypervolumeScale(_TABLE)
+        return setting, name, seed, [scale.ratio(run, n) for n in CHECKPOINTS], run.seconds
+    run = run_single(_TABLE, sampler, n_trials, flops_budget=budget)
+    regret, test_regret = regret_curve(_TABLE, run, flops_budget=budget)
+    picks = [(float(regret[n - 1]), float(test_regret[n - 1])) for n in CHECKPOINTS]
+    return setting, name, seed, picks, run.seconds
+
+
+def _fmt(samples: list[float], scale: float = 1.0) -> str:
+    mean, half = mean_ci([scale * s for s in samples])
+    return f"{mean:.2f} ± {half:.2f}"
+
+
+def main() -> None:
+    global _TABLE
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--table", type=Path, default=DIGITS_TABLE)
+    parser.add_argument("--synthetic", action="store_true", help="use a synthetic table")
+    parser.add_argument("--seeds", type=int, default=30)
+    parser.add_argument("--gp-seeds", type=int, default=10)
+    parser.add_argument("--trials", type=int, default=max(CHECKPOINTS))
+    parser.add_argument("--budget-quantile", type=float, default=0.3)
+    parser.add_argument("--jobs", type=int, default=1)
+    parser.add_argument("--ask-trials", type=int, nargs="*", default=[200, 5000])
+    parser.add_argument("--ask-skip", nargs="*", default=[], help="(sampler@n) pairs to skip")
+    parser.add_argument("--out", type=Path, default=Path("bench/results/evolution_vs_peers.json"))
+    args = parser.parse_args()
+    _quiet()
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+    _TABLE = synthetic_table() if args.synthetic else load_table(args.table)
+    table = _TABLE
+    flops = table.column("flops")
+    budget = float(np.quantile(flops, args.budget_quantile))
+    best, best_b = table.best(), table.best(flops_budget=budget)
+    print(
+        f"# Table {table.name}: {len(table.rows)} architectures; objective valid"
+        f" log-loss, best {best['valid_logloss']:.4f} (test acc {best['test_accuracy']:.4f},"
+        f" {best['flops']:.3g} FLOPs)"
+    )
+    print(
+        f"# FLOPs budget {budget:.3g} (quantile {args.budget_quantile}): "
+        f"{int((flops <= budget).sum())} feasible, best feasible "
+        f"{best_b['valid_logloss']:.4f} ({best_b['flops']:.3g} FLOPs)"
+    )
+    tasks = []
+    for setting in ("plain", "budget", "multi"):
+        names = MO_SAMPLERS if setting == "multi" else tuple(SAMPLERS)
+        for name in names:
+            n_seeds = args.gp_seeds if name == "GP" else args.seeds
+            for seed in range(n_seeds):
+                tasks.append(
+                    (setting, name, seed, args.trials, budget if setting == "budget" else None)
+                )
+    start = time.perf_counter()
+    if args.jobs > 1:
+        with multiprocessing.get_context("fork").Pool(args.jobs) as pool:
+            results = pool.map(_task, tasks, chunksize=1)
+    else:
+        results = [_task(t) for t in tasks]
+    print(f"# {len(tasks)} studies in {time.perf_counter() - start:.0f} s\n")
+
+    by: dict[tuple[str, str], list[Any]] = {}
+    seconds: dict[tuple[str, str], list[float]] = {}
+    for setting, name, _seed, picks, secs in results:
+        by.setdefault((setting, name), []).append(picks)
+        seconds.setdefault((setting, name), []).append(secs)
+    summary: dict[str, Any] = {"table": table.name, "budget": budget, "seeds": args.seeds}
+
+    for setting, title in (("plain", "no budget"), ("budget", f"FLOPs <= {budget:.3g}")):
+        print(f"## Regret, {title} (log-loss x100, mean ± 95% CI; test-accuracy points)\n")
+        head = " | ".join(f"@{n} log-loss" for n in CHECKPOINTS)
+        print(f"| sampler | seeds | {head} | @100 test acc | @200 test acc | vs Evo @200 |")
+        print("|---|---|" + "---|" * (len(CHECKPOINTS) + 3))
+        evo200 = float(np.mean([p[2][0] for p in by[(setting, "Evolution")]]))
+        for name in SAMPLERS:
+            picks = by[(setting, name)]
+            cells = [_fmt([p[k][0] for p in picks], 100.0) for k in range(len(CHECKPOINTS))]
+            tests = [_fmt([p[k][1] for p in picks], 100.0) for k in (1, 2)]
+            mean200 = float(np.mean([p[2][0] for p in picks]))
+            ratio = f"{mean200 / evo200:.2f}x" if evo200 > 0 else "-"
+            print(f"| {name} | {len(picks)} | {' | '.join(cells + tests)} | {ratio} |")
+            summary[f"{setting}/{name}"] = picks
+        print()
+
+    print("## Two objectives (log-loss, FLOPs): hypervolume / table front's (mean ± 95% CI)\n")
+    print("| sampler | seeds | " + " | ".join(f"@{n}" for n in CHECKPOINTS) + " |")
+    print("|---|---|" + "---|" * len(CHECKPOINTS))
+    for name in MO_SAMPLERS:
+        picks = by[("multi", name)]
+        cells = [_fmt([p[k] for p in picks]) for k in range(len(CHECKPOINTS))]
+        print(f"| {name} | {len(picks)} | {' | '.join(cells)} |")
+        summary[f"multi/{name}"] = picks
+    print()
+
+    if args.ask_trials:
+        print("## ms per ask (ask + suggest, history added with add_trials; 10 asks)\n")
+        print("| sampler | " + " | ".join(f"@{n}" for n in args.ask_trials) + " | vs Evo |")
+        print("|---|" + "---|" * (len(args.ask_trials) + 1))
+        evo_ms: dict[int, float] = {}
+        for name in SAMPLERS:
+            cells = []
+            for n in args.ask_trials:
+                if f"{name}@{n}" in args.ask_skip:
+                    cells.append("skipped")
+                    continue
+                asks = 1 if name == "GP" and n > 1000 else 10
+                ms = ms_per_ask(table, lambda name=name: SAMPLERS[name](0), n, n_asks=asks)
+                if name == "Evolution":
+                    evo_ms[n] = ms
+                cells.append(f"{ms:.2f}")
+                summary[f"ask/{name}@{n}"] = ms
+            last = args.ask_trials[-1]
+            value = summary.get(f"ask/{name}@{last}")
+            ratio = f"{value / evo_ms[last]:.0f}x @{last}" if value and last in evo_ms else "-"
+            print(f"| {name} | {' | '.join(cells)} | {ratio} |", flush=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()
