@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 import json
+import math
 import multiprocessing
 import os
 from pathlib import Path
@@ -32,12 +33,14 @@ from nas_table import HypervolumeScale
 from nas_table import load_table
 from nas_table import mean_ci
 from nas_table import ms_per_ask
+from nas_table import ms_per_ask_on_space
 from nas_table import NASTable
 from nas_table import regret_curve
 from nas_table import run_multi
 from nas_table import run_single
 from nas_table import synthetic_table
 
+from optuna_hpcnas import HierarchicalSearchSpace
 from optuna_hpcnas.samplers import EvolutionarySampler
 
 CHECKPOINTS = (50, 100, 200)
@@ -80,6 +83,44 @@ def _fmt(samples: list[float], scale: float = 1.0) -> str:
     return f"{mean:.2f} ± {half:.2f}"
 
 
+def _print_tables(results: list[tuple[Any, ...]], budget: float) -> None:
+    by: dict[tuple[str, str], list[Any]] = {}
+    for setting, name, _seed, picks, _secs in results:
+        by.setdefault((setting, name), []).append(picks)
+
+    for setting, title in (("plain", "no budget"), ("budget", f"FLOPs <= {budget:.3g}")):
+        if not any(key[0] == setting for key in by):
+            continue
+        print(f"## Regret, {title} (log-loss x100, mean ± 95% CI; test-accuracy points)\n")
+        head = " | ".join(f"@{n} log-loss" for n in CHECKPOINTS)
+        print(f"| sampler | seeds | {head} | @100 test acc | @200 test acc | vs Evo @200 |")
+        print("|---|---|" + "---|" * (len(CHECKPOINTS) + 3))
+        evo = by.get((setting, "Evolution"))
+        evo200 = float(np.mean([p[2][0] for p in evo])) if evo else math.nan
+        for name in SAMPLERS:
+            picks = by.get((setting, name))
+            if not picks:
+                continue
+            cells = [_fmt([p[k][0] for p in picks], 100.0) for k in range(len(CHECKPOINTS))]
+            tests = [_fmt([p[k][1] for p in picks], 100.0) for k in (1, 2)]
+            mean200 = float(np.mean([p[2][0] for p in picks]))
+            ratio = f"{mean200 / evo200:.2f}x" if evo200 > 0 else "-"
+            print(f"| {name} | {len(picks)} | {' | '.join(cells + tests)} | {ratio} |")
+        print()
+
+    if any(key[0] == "multi" for key in by):
+        print("## Two objectives (log-loss, FLOPs): hypervolume / table front's (mean ± 95% CI)\n")
+        print("| sampler | seeds | " + " | ".join(f"@{n}" for n in CHECKPOINTS) + " |")
+        print("|---|---|" + "---|" * len(CHECKPOINTS))
+        for name in MO_SAMPLERS:
+            picks = by.get(("multi", name))
+            if not picks:
+                continue
+            cells = [_fmt([p[k] for p in picks]) for k in range(len(CHECKPOINTS))]
+            print(f"| {name} | {len(picks)} | {' | '.join(cells)} |")
+        print()
+
+
 def main() -> None:
     global _TABLE
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -90,8 +131,12 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=max(CHECKPOINTS))
     parser.add_argument("--budget-quantile", type=float, default=0.3)
     parser.add_argument("--jobs", type=int, default=1)
-    parser.add_argument("--ask-trials", type=int, nargs="*", default=[200, 5000])
-    parser.add_argument("--ask-skip", nargs="*", default=[], help="(sampler@n) pairs to skip")
+    parser.add_argument("--ask-trials", type=int, nargs="*", default=[200, 1000, 5000])
+    parser.add_argument("--ask-skip", nargs="*", default=["GP@5000"], help="sampler@n to skip")
+    parser.add_argument("--large-space", default="cifar-like", help="'' to skip")
+    parser.add_argument("--only", nargs="*", default=None, help="plain, budget and/or multi")
+    parser.add_argument("--samplers", nargs="*", default=None, help="sampler names to run")
+    parser.add_argument("--merge", nargs="*", default=[], help="earlier --out files to add")
     parser.add_argument("--out", type=Path, default=Path("bench/results/evolution_vs_peers.json"))
     args = parser.parse_args()
     _quiet()
@@ -113,9 +158,11 @@ def main() -> None:
         f"{best_b['valid_logloss']:.4f} ({best_b['flops']:.3g} FLOPs)"
     )
     tasks = []
-    for setting in ("plain", "budget", "multi"):
+    for setting in args.only or ("plain", "budget", "multi"):
         names = MO_SAMPLERS if setting == "multi" else tuple(SAMPLERS)
         for name in names:
+            if args.samplers and name not in args.samplers:
+                continue
             n_seeds = args.gp_seeds if name == "GP" else args.seeds
             for seed in range(n_seeds):
                 tasks.append(
@@ -127,40 +174,15 @@ def main() -> None:
             results = pool.map(_task, tasks, chunksize=1)
     else:
         results = [_task(t) for t in tasks]
-    print(f"# {len(tasks)} studies in {time.perf_counter() - start:.0f} s\n")
-
-    by: dict[tuple[str, str], list[Any]] = {}
-    seconds: dict[tuple[str, str], list[float]] = {}
-    for setting, name, _seed, picks, secs in results:
-        by.setdefault((setting, name), []).append(picks)
-        seconds.setdefault((setting, name), []).append(secs)
-    summary: dict[str, Any] = {"table": table.name, "budget": budget, "seeds": args.seeds}
-
-    for setting, title in (("plain", "no budget"), ("budget", f"FLOPs <= {budget:.3g}")):
-        print(f"## Regret, {title} (log-loss x100, mean ± 95% CI; test-accuracy points)\n")
-        head = " | ".join(f"@{n} log-loss" for n in CHECKPOINTS)
-        print(f"| sampler | seeds | {head} | @100 test acc | @200 test acc | vs Evo @200 |")
-        print("|---|---|" + "---|" * (len(CHECKPOINTS) + 3))
-        evo200 = float(np.mean([p[2][0] for p in by[(setting, "Evolution")]]))
-        for name in SAMPLERS:
-            picks = by[(setting, name)]
-            cells = [_fmt([p[k][0] for p in picks], 100.0) for k in range(len(CHECKPOINTS))]
-            tests = [_fmt([p[k][1] for p in picks], 100.0) for k in (1, 2)]
-            mean200 = float(np.mean([p[2][0] for p in picks]))
-            ratio = f"{mean200 / evo200:.2f}x" if evo200 > 0 else "-"
-            print(f"| {name} | {len(picks)} | {' | '.join(cells + tests)} | {ratio} |")
-            summary[f"{setting}/{name}"] = picks
-        print()
-
-    print("## Two objectives (log-loss, FLOPs): hypervolume / table front's (mean ± 95% CI)\n")
-    print("| sampler | seeds | " + " | ".join(f"@{n}" for n in CHECKPOINTS) + " |")
-    print("|---|---|" + "---|" * len(CHECKPOINTS))
-    for name in MO_SAMPLERS:
-        picks = by[("multi", name)]
-        cells = [_fmt([p[k] for p in picks]) for k in range(len(CHECKPOINTS))]
-        print(f"| {name} | {len(picks)} | {' | '.join(cells)} |")
-        summary[f"multi/{name}"] = picks
+    print(f"# {len(tasks)} studies in {time.perf_counter() - start:.0f} s")
+    summary: dict[str, Any] = {"table": table.name, "budget": budget, "runs": results}
+    for path in args.merge:
+        earlier = json.loads(Path(path).read_text())
+        results = results + [tuple(r) for r in earlier["runs"]]
+        summary.update({k: v for k, v in earlier.items() if k.startswith("ask")})
+        print(f"# merged {len(earlier['runs'])} studies from {path}")
     print()
+    _print_tables(results, budget)
 
     if args.ask_trials:
         print("## ms per ask (ask + suggest, history added with add_trials; 10 asks)\n")
@@ -183,6 +205,24 @@ def main() -> None:
             value = summary.get(f"ask/{name}@{last}")
             ratio = f"{value / evo_ms[last]:.0f}x @{last}" if value and last in evo_ms else "-"
             print(f"| {name} | {' | '.join(cells)} | {ratio} |", flush=True)
+    if args.ask_trials and args.large_space:
+        space = HierarchicalSearchSpace.preset(args.large_space)
+        print(
+            f"\n## ms per ask on {args.large_space} ({space.cardinality():.1e} architectures,"
+            " random history, synthetic objective; duplicates rare)\n"
+        )
+        print("| sampler | " + " | ".join(f"@{n}" for n in args.ask_trials) + " |")
+        print("|---|" + "---|" * len(args.ask_trials))
+        for name in ("Evolution", "Random", "NSGA-II", "TPE (multivariate)"):
+            cells = []
+            for n in args.ask_trials:
+                if name.startswith("TPE") and n > 1000:
+                    cells.append("skipped")
+                    continue
+                ms = ms_per_ask_on_space(space, lambda name=name: SAMPLERS[name](0), n)
+                cells.append(f"{ms:.2f}")
+                summary[f"ask-{args.large_space}/{name}@{n}"] = ms
+            print(f"| {name} | {' | '.join(cells)} |", flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(summary))
 
