@@ -110,19 +110,27 @@ def main() -> None:
     print(f"{len(done)} rows present, {len(todo)} to train -> {out}", flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
+    trained = 0
     for k, (index, arch) in enumerate(todo, 1):
+        if arch.to_json() in done:
+            continue  # another process trained it since we started
         result = train_from_scratch(
             space, arch, data, epochs=args.epochs, lr=args.lr, seed=args.seed, latency_repeats=10
         )
         rows.append(_row(space, index, arch, result, args))
-        if k % args.flush == 0 or k == len(todo):
+        done.add(arch.to_json())
+        trained += 1
+        if trained % args.flush == 0 or k == len(todo):
             _write(rows, out)
-            rate = (time.perf_counter() - start) / k
+            for path in args.out.parent.glob(f"{args.out.stem}.shard*.parquet"):
+                if path != out:
+                    done |= {r["arch_json"] for r in pq.read_table(path).to_pylist()}
+            rate = (time.perf_counter() - start) / trained
             print(
-                f"{len(rows)}/{len(archs)} rows, {rate:.2f} s/arch, "
-                f"eta {rate * (len(todo) - k) / 60:.1f} min",
+                f"{len(rows)} rows here, {len(done)}/{len(archs)} done, {rate:.2f} s/arch",
                 flush=True,
             )
+    _write(rows, out)
 
 
 if __name__ == "__main__":

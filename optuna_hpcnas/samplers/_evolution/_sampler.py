@@ -33,6 +33,8 @@ if TYPE_CHECKING:
 # Mutations (then random draws) tried before the next fallback. Few: enumerating the
 # parent's neighbours is exact and, on small spaces, cheaper than many blind retries.
 _MAX_ATTEMPTS = 4
+# Spaces up to this size are enumerated (once) to draw among unseen architectures exactly.
+_ENUMERABLE = 20_000
 
 
 def _check_int(name: str, value: Any, minimum: int) -> int:
@@ -64,7 +66,7 @@ class EvolutionarySampler(BaseSampler):
     draws ``tournament_size`` of them without replacement, and mutates the winner (optionally
     after a uniform crossover with the winner of a second tournament). There is no generation
     barrier: a free worker gets a child at once, and the oldest trials leave the population as
-    new ones finish. The first ``n_startup_trials`` trials are random.
+    new ones finish. The first ``n_startup_trials`` finished trials are random.
 
     With a :class:`~optuna_hpcnas.HierarchicalSearchSpace` (detected from the study, where
     ``space.suggest`` records it) a mutation changes one decision at one level (topology,
@@ -91,8 +93,9 @@ class EvolutionarySampler(BaseSampler):
     have no intermediate values, so there pruned trials rank after every complete one.
 
     An architecture (or parameter set) already evaluated, running or failed is not proposed
-    again while an unseen one-decision neighbour of the parent exists; if none does, fresh
-    random draws are tried before a duplicate is accepted.
+    again while an unseen one-decision neighbour of the parent exists; if none does, the child
+    is drawn among the unseen architectures (exactly, for spaces of up to 20,000; by a few
+    random draws otherwise) before a duplicate is accepted.
 
     Every child's origin (operation, parents, mutated level and parameters) is written to the
     trial system attribute ``hpcnas:evolution:origin``; the population is rebuilt from the
@@ -112,7 +115,8 @@ class EvolutionarySampler(BaseSampler):
         level_weights: Relative probability of mutating each level of a hierarchical space
             (keys: ``"topology"``, ``"operator"``, ``"micro"``, ``"cluster"``); by default
             a decision is drawn uniformly among those that can change.
-        n_startup_trials: Random trials before evolution starts (default: ``population_size``).
+        n_startup_trials: Random trials before evolution starts (default:
+            ``max(2, population_size // 2)``; the population fills up while it evolves).
         consider_pruned_trials: Whether pruned trials enter the population.
         avoid_duplicates: Whether to avoid proposing a seen candidate again.
         independent_sampler: Sampler for parameters outside the relative search space
@@ -164,7 +168,7 @@ class EvolutionarySampler(BaseSampler):
         self._mutation_scale = float(mutation_scale)
         self._level_weights = self._check_level_weights(level_weights)
         if n_startup_trials is None:
-            n_startup_trials = self._population_size
+            n_startup_trials = max(2, self._population_size // 2)
         self._n_startup_trials = _check_int("n_startup_trials", n_startup_trials, 1)
         self._consider_pruned = _check_bool("consider_pruned_trials", consider_pruned_trials)
         self._avoid_duplicates = _check_bool("avoid_duplicates", avoid_duplicates)
@@ -409,6 +413,14 @@ class EvolutionarySampler(BaseSampler):
             origin["params"] = fresh[int(rng.integers(len(fresh)))]
             return origin
         origin.update(operation="random", parent=None, second_parent=None)
+        if avoid and cache.space_cardinality <= _ENUMERABLE:
+            # A small space: draw exactly among the architectures never seen.
+            if cache.all_params is None:
+                cache.all_params = [space.to_params(a) for a in space.enumerate()]
+            left = [p for p in cache.all_params if not cache.is_seen(key_fn(p))]
+            if left:
+                origin["params"] = dict(left[int(rng.integers(len(left)))])
+                return origin
         origin["params"] = random_child()
         return origin
 
