@@ -184,47 +184,48 @@ def main() -> None:
     print()
     _print_tables(results, budget)
 
-    if args.ask_trials:
-        print("## ms per ask (ask + suggest, history added with add_trials; 10 asks)\n")
-        print("| sampler | " + " | ".join(f"@{n}" for n in args.ask_trials) + " | vs Evo |")
-        print("|---|" + "---|" * (len(args.ask_trials) + 1))
-        evo_ms: dict[int, float] = {}
+    for n in args.ask_trials:
         for name in SAMPLERS:
-            cells = []
-            for n in args.ask_trials:
-                if f"{name}@{n}" in args.ask_skip:
-                    cells.append("skipped")
-                    continue
-                asks = 1 if name == "GP" and n > 1000 else 10
-                ms = ms_per_ask(table, lambda name=name: SAMPLERS[name](0), n, n_asks=asks)
-                if name == "Evolution":
-                    evo_ms[n] = ms
-                cells.append(f"{ms:.2f}")
-                summary[f"ask/{name}@{n}"] = ms
-            last = args.ask_trials[-1]
-            value = summary.get(f"ask/{name}@{last}")
-            ratio = f"{value / evo_ms[last]:.0f}x @{last}" if value and last in evo_ms else "-"
-            print(f"| {name} | {' | '.join(cells)} | {ratio} |", flush=True)
-    if args.ask_trials and args.large_space:
-        space = HierarchicalSearchSpace.preset(args.large_space)
-        print(
-            f"\n## ms per ask on {args.large_space} ({space.cardinality():.1e} architectures,"
-            " random history, synthetic objective; duplicates rare)\n"
-        )
-        print("| sampler | " + " | ".join(f"@{n}" for n in args.ask_trials) + " |")
-        print("|---|" + "---|" * len(args.ask_trials))
-        for name in ("Evolution", "Random", "NSGA-II", "TPE (multivariate)"):
-            cells = []
-            for n in args.ask_trials:
+            if f"{name}@{n}" in args.ask_skip:
+                continue
+            asks = 1 if name == "GP" and n > 1000 else 10
+            make = lambda name=name: SAMPLERS[name](0)  # noqa: E731
+            summary[f"ask/{name}@{n}"] = ms_per_ask(table, make, n, n_asks=asks)
+        if args.large_space:
+            space = HierarchicalSearchSpace.preset(args.large_space)
+            for name in ("Evolution", "Random", "NSGA-II", "TPE (multivariate)"):
                 if name.startswith("TPE") and n > 1000:
-                    cells.append("skipped")
-                    continue
-                ms = ms_per_ask_on_space(space, lambda name=name: SAMPLERS[name](0), n)
-                cells.append(f"{ms:.2f}")
-                summary[f"ask-{args.large_space}/{name}@{n}"] = ms
-            print(f"| {name} | {' | '.join(cells)} |", flush=True)
+                    continue  # minutes per ask
+                make = lambda name=name: SAMPLERS[name](0)  # noqa: E731
+                summary[f"ask-{args.large_space}/{name}@{n}"] = ms_per_ask_on_space(space, make, n)
+    _print_ask(summary)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(summary))
+
+
+def _print_ask(summary: dict[str, Any]) -> None:
+    groups: dict[str, dict[str, dict[int, float]]] = {}
+    for key, ms in summary.items():
+        if not key.startswith("ask"):
+            continue
+        group, rest = key.split("/", 1)
+        name, n = rest.rsplit("@", 1)
+        groups.setdefault(group, {}).setdefault(name, {})[int(n)] = ms
+    for group, by_name in groups.items():
+        sizes = sorted({n for cells in by_name.values() for n in cells})
+        where = "digits-small" if group == "ask" else group.split("-", 1)[1] + " (random history)"
+        print(f"## ms per ask on {where}: ask + suggest after N finished trials (mean of 10)\n")
+        print("| sampler | " + " | ".join(f"@{n}" for n in sizes) + " | vs Evolution |")
+        print("|---|" + "---|" * (len(sizes) + 1))
+        evo = by_name.get("Evolution", {})
+        for name in SAMPLERS:
+            if name not in by_name:
+                continue
+            cells = [f"{by_name[name][n]:.2f}" if n in by_name[name] else "-" for n in sizes]
+            last = max(by_name[name])
+            ratio = f"{by_name[name][last] / evo[last]:.1f}x @{last}" if last in evo else "-"
+            print(f"| {name} | {' | '.join(cells)} | {ratio} |")
+        print()
 
 
 if __name__ == "__main__":
