@@ -9,8 +9,8 @@ Problems (all with a known optimum):
   peers cannot know the budget, QUBOSampler gets it as ``qubo.LinearBudget``). Regret counts
   feasible trials only.
 * ``digits-small``: the tabular benchmark ``bench/data/digits_small.parquet`` (every
-  architecture of ``preset("digits-small")`` trained once), validation accuracy maximised
-  through ``space.suggest``.
+  architecture of ``preset("digits-small")`` trained once), validation log-loss minimised
+  through ``space.suggest`` (as ``bench/evolution_vs_peers.py``).
 
 Prints mean regret (and standard error) after 25, 50 and 100 trials over the seeds, the ratio
 to RandomSampler, the share of feasible annealing samples and of feasible trials, and
@@ -39,9 +39,13 @@ from optuna_hpcnas import _keys
 from optuna_hpcnas import HierarchicalSearchSpace
 from optuna_hpcnas.samplers import EvolutionarySampler
 from optuna_hpcnas.samplers import QUBOSampler
+from qubo import BayesianQuadratic
+from qubo import FactorizationMachine
 from qubo import LinearBudget
 
 TABLE = Path(__file__).parent / "data" / "digits_small.parquet"
+# As bench/nas_table.py: validation log-loss, minimised (accuracy ties many top architectures).
+OBJECTIVE = "valid_logloss"
 CHECKPOINTS = (25, 50, 100)
 Factory = Callable[[int, tuple[LinearBudget, ...]], optuna.samplers.BaseSampler]
 
@@ -111,15 +115,18 @@ class Quadratic(Problem):
 class Digits(Problem):
     name = "digits-small"
 
-    def __init__(self) -> None:
+    def __init__(self, paths: list[Path]) -> None:
         import pyarrow.parquet as pq
 
         self.space = HierarchicalSearchSpace.preset("digits-small")
-        rows = pq.read_table(TABLE, columns=["arch_json", "valid_accuracy"]).to_pylist()
-        self.table = {r["arch_json"]: -float(r["valid_accuracy"]) for r in rows}
+        self.table: dict[str, float] = {}
+        for path in paths:  # the table, or the shards it is built from
+            rows = pq.read_table(path, columns=["arch_json", OBJECTIVE]).to_pylist()
+            self.table.update({r["arch_json"]: float(r[OBJECTIVE]) for r in rows})
         if len(self.table) != self.space.cardinality():
             raise RuntimeError(
-                f"{TABLE} has {len(self.table)} rows, the space {self.space.cardinality()}."
+                f"{[str(p) for p in paths]} hold {len(self.table)} architectures, "
+                f"the space {self.space.cardinality()}."
             )
         self.optimum = min(self.table.values())
 
@@ -127,40 +134,37 @@ class Digits(Problem):
         return self.table[self.space.suggest(trial).to_json()]
 
 
-def variants() -> dict[str, Factory]:
-    """QUBOSampler settings for ablations (``--samplers QUBO-bayes,QUBO-penalty0,...``)."""
-    from qubo import BayesianQuadratic
-
-    return {
-        "QUBO-penalty0": lambda s, b: QUBOSampler(seed=s, budgets=b, evaluated_penalty=0.0),
-        "QUBO-penalty1": lambda s, b: QUBOSampler(seed=s, budgets=b, evaluated_penalty=1.0),
-        "QUBO-mean": lambda s, b: QUBOSampler(
-            seed=s, budgets=b, surrogate=BayesianQuadratic(thompson=False)
-        ),
-        "QUBO-startup5": lambda s, b: QUBOSampler(seed=s, budgets=b, n_startup_trials=5),
-        "QUBO-startup20": lambda s, b: QUBOSampler(seed=s, budgets=b, n_startup_trials=20),
-        "QUBO-reads128": lambda s, b: QUBOSampler(seed=s, budgets=b, num_reads=128),
-    }
-
-
 def samplers() -> dict[str, Factory]:
+    """Every sampler of the comparison; QUBOSampler settings are spelled out, so a row keeps
+    its meaning when a default changes."""
+
+    def qubo(surrogate: Any, startup: int = 10, **kw: Any) -> Factory:
+        return lambda s, b: QUBOSampler(
+            seed=s, budgets=b, surrogate=surrogate, n_startup_trials=startup, **kw
+        )
+
     return {
-        "QUBO-bayes": lambda s, b: QUBOSampler(seed=s, budgets=b),
-        "QUBO-fm": lambda s, b: QUBOSampler(seed=s, budgets=b, surrogate="fm"),
+        "QUBO-default": lambda s, b: QUBOSampler(seed=s, budgets=b),
+        "QUBO-bayes-TS": qubo(BayesianQuadratic(exploration=1.0)),
+        "QUBO-bayes-mean": qubo(BayesianQuadratic(exploration=0.0)),
+        "QUBO-bayes-TS-s5": qubo(BayesianQuadratic(exploration=1.0), startup=5),
+        "QUBO-bayes-mean-s5": qubo(BayesianQuadratic(exploration=0.0), startup=5),
+        "QUBO-bayes-half": qubo(BayesianQuadratic(exploration=0.5)),
+        "QUBO-bayes-half-s5": qubo(BayesianQuadratic(exploration=0.5), startup=5),
+        "QUBO-fm": qubo(FactorizationMachine()),
+        "QUBO-penalty0": qubo(BayesianQuadratic(), evaluated_penalty=0.0),
+        "QUBO-penalty1": qubo(BayesianQuadratic(), evaluated_penalty=1.0),
         "Random": lambda s, b: optuna.samplers.RandomSampler(seed=s),
         "TPE": lambda s, b: optuna.samplers.TPESampler(seed=s),
         "Evolution": lambda s, b: EvolutionarySampler(seed=s),
     }
 
 
+DEFAULT_ROWS = "QUBO-default,QUBO-bayes-TS,QUBO-bayes-mean,QUBO-fm,Random,TPE,Evolution"
+
+
 def run(problem: Problem, make: Factory, seed: int, n: int) -> dict[str, Any]:
-    sampler = make(seed)
-    if isinstance(sampler, QUBOSampler) and problem.budgets:
-        sampler = QUBOSampler(
-            seed=seed,
-            surrogate=sampler._surrogate,
-            budgets=problem.budgets,
-        )
+    sampler = make(seed, problem.budgets)  # only QUBOSampler can use the budgets
     study = optuna.create_study(sampler=sampler)
     study.optimize(problem.objective, n_trials=n)
     best, regrets, feasible = math.inf, [], []
@@ -198,10 +202,10 @@ def ms_per_ask(problem: Problem, make: Factory, n: int, repeats: int = 5) -> flo
     return 1000.0 * elapsed / repeats
 
 
-def _fmt(values: list[float]) -> str:
+def _fmt(values: list[float], digits: int = 3) -> str:
     mean = float(np.mean(values))
     sem = float(np.std(values, ddof=1) / math.sqrt(len(values))) if len(values) > 1 else 0.0
-    return f"{mean:.3f}±{sem:.3f}"
+    return f"{mean:.{digits}f}±{sem:.{digits}f}"
 
 
 def main() -> None:
@@ -209,23 +213,42 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=20)
     parser.add_argument("--trials", type=int, default=100)
     parser.add_argument("--problems", default="quadratic,quadratic-flops,digits-small")
-    parser.add_argument("--samplers", default=",".join(samplers()))
+    parser.add_argument("--samplers", default=DEFAULT_ROWS, help=f"from {list(samplers())}")
     parser.add_argument("--no-timing", action="store_true")
+    parser.add_argument("--timing-only", action="store_true", help="only ms per ask")
     parser.add_argument("--json", type=Path, default=None, help="also write raw results here")
+    parser.add_argument(
+        "--table", type=Path, nargs="+", default=[TABLE], help="digits-small table (or shards)"
+    )
     args = parser.parse_args()
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-    known = {**samplers(), **variants()}
+    known = samplers()
     chosen = {k: known[k] for k in args.samplers.split(",")}
     raw: dict[str, Any] = {}
     for pname in args.problems.split(","):
-        if pname == "digits-small" and not TABLE.exists():
-            print(f"\n## {pname}: skipped, {TABLE} is missing")
+        if pname == "digits-small" and not all(p.exists() for p in args.table):
+            print(f"\n## {pname}: skipped, {args.table} missing")
             continue
         instances = [
-            Digits() if pname == "digits-small" else Quadratic(s, flops=pname.endswith("flops"))
+            Digits(args.table)
+            if pname == "digits-small"
+            else Quadratic(s, flops=pname.endswith("flops"))
             for s in (range(args.seeds) if pname != "digits-small" else [0])
         ]
+        if args.timing_only:
+            print(f"\n## {pname}: ms per ask (fit + anneal) with 50 and 200 finished trials")
+            print("| sampler | ms/ask@50 | ms/ask@200 |\n|---|---|---|")
+            timings = {
+                sname: [ms_per_ask(instances[0], make, n) for n in (50, 200)]
+                for sname, make in chosen.items()
+            }
+            for sname, (t50, t200) in timings.items():
+                ratio = ""
+                if "Random" in timings:
+                    ratio = f" ({t200 / timings['Random'][1]:.0f}x Random)"
+                print(f"| {sname} | {t50:.1f} | {t200:.1f}{ratio} |", flush=True)
+            continue
         results: dict[str, list[dict[str, Any]]] = {}
         for sname, make in chosen.items():
             results[sname] = [
@@ -248,7 +271,8 @@ def main() -> None:
             else {}
         )
         for sname, rs in results.items():
-            cells = [sname] + [_fmt([r["regret"][k] for r in rs]) for k in checkpoints]
+            digits = 4 if pname == "digits-small" else 3  # accuracy regrets are small
+            cells = [sname] + [_fmt([r["regret"][k] for r in rs], digits) for k in checkpoints]
             for k in checkpoints:
                 mine = np.mean([r["regret"][k] for r in rs])
                 cells.append(f"{mine / base[k]:.2f}" if base.get(k) else "-")

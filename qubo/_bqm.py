@@ -272,13 +272,13 @@ class QUBOProblem:
             codes = np.asarray(evaluated, dtype=float)
             spread = float(np.std(model.energy(codes))) if len(codes) > 1 else 1.0
             weight = evaluated_penalty * (spread if spread > 0 else 1.0)
-            for code in codes:
-                on = np.flatnonzero(code)
-                if len(on) == 1:
-                    linear[on[0]] += weight
-                else:
-                    share = weight / (len(on) * (len(on) - 1) / 2.0)
-                    quad[np.ix_(on, on)] += np.triu(np.full((len(on), len(on)), share), 1)
+            # Every code sets one bit per group, so all share G and the same pair weight.
+            g_count = len(enc.names)
+            if g_count == 1:
+                linear += weight * codes.sum(axis=0)
+            else:
+                share = weight / (g_count * (g_count - 1) / 2.0)
+                quad += share * np.triu(codes.T @ codes, 1)
         bqm = dimod.BinaryQuadraticModel(dimod.BINARY)
         bqm.add_linear_from_array(linear.tolist())
         bqm.add_quadratic_from_dense(quad)

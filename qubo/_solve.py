@@ -8,7 +8,8 @@ sampler does not declare in ``sampler.parameters`` are not passed to it (so ``nu
 Decoding keeps the code bits (slack variables are dropped), repairs infeasible samples with
 ``QUBOProblem.repair`` (one bit per group, then group-wise descent) and drops those it cannot
 repair, removes already evaluated codes and duplicates, and sorts the rest by surrogate
-energy.
+energy. When every sample is an evaluated code (the surrogate is confident), the feasible,
+unseen codes one group away from them take their place.
 """
 
 from __future__ import annotations
@@ -33,12 +34,31 @@ class Solution:
 
     ``info`` holds ``n_variables`` (BQM size, slack included), ``n_samples``,
     ``feasible_rate`` (share of raw samples feasible before repair), ``n_repaired``,
-    ``n_dropped``, ``solve_time_s``, ``min_bqm_energy`` and ``sampler``.
+    ``n_dropped``, ``n_neighbours`` (codes one group away from the samples, used when every
+    sample was already evaluated), ``solve_time_s``, ``min_bqm_energy`` and ``sampler``.
     """
 
     codes: np.ndarray
     energies: np.ndarray
     info: dict[str, Any] = field(default_factory=dict)
+
+
+def _neighbours(
+    problem: QUBOProblem, codes: Sequence[np.ndarray], seen: set[bytes]
+) -> list[np.ndarray]:
+    """Feasible, unseen codes that differ from one of ``codes`` in exactly one group."""
+    enc = problem.encoding
+    out: dict[bytes, np.ndarray] = {}
+    for code in codes:
+        for g in range(len(enc.names)):
+            s = enc.slice(g)
+            options = np.repeat(code[None, :], s.stop - s.start, axis=0)
+            options[:, s] = np.eye(s.stop - s.start, dtype=np.uint8)
+            for x in options[problem.n_violations(options) == 0]:
+                key = x.tobytes()
+                if key not in seen:
+                    out.setdefault(key, x)
+    return list(out.values())
 
 
 def default_sampler() -> dimod.Sampler:
@@ -111,6 +131,11 @@ def solve(
         else:
             n_dropped += 1
     new = [x for key, x in kept.items() if key not in seen]
+    n_neighbours = 0
+    if not new and kept:
+        # Every sample is an evaluated code: fall back to their best unseen neighbours.
+        new = _neighbours(problem, list(kept.values())[:8], seen)
+        n_neighbours = len(new)
     codes = np.array(new, dtype=np.uint8).reshape(len(new), n)
     energies = model.energy(codes) if len(codes) else np.zeros(0)
     rank = np.argsort(energies, kind="stable")
@@ -120,6 +145,7 @@ def solve(
         "feasible_rate": float(feasible.mean()) if len(raw) else 0.0,
         "n_repaired": n_repaired,
         "n_dropped": n_dropped,
+        "n_neighbours": n_neighbours,
         "solve_time_s": elapsed,
         "min_bqm_energy": float(sampleset.record.energy.min()) if len(raw) else float("nan"),
         "sampler": type(sampler).__name__,

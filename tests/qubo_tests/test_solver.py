@@ -158,12 +158,15 @@ def test_thompson_draws_differ_but_mean_is_deterministic() -> None:
     rng = np.random.default_rng(0)
     x = rng.integers(0, 2, (10, 6))
     y = rng.normal(size=10)
-    a = BayesianQuadratic().draw(x, y, np.random.default_rng(1))
-    b = BayesianQuadratic().draw(x, y, np.random.default_rng(2))
+    a = BayesianQuadratic(exploration=1.0).draw(x, y, np.random.default_rng(1))
+    b = BayesianQuadratic(exploration=1.0).draw(x, y, np.random.default_rng(2))
     assert not np.allclose(a.linear, b.linear)
-    m1 = BayesianQuadratic(thompson=False).draw(x, y, np.random.default_rng(1))
-    m2 = BayesianQuadratic(thompson=False).draw(x, y, np.random.default_rng(2))
+    m1 = BayesianQuadratic(exploration=0.0).draw(x, y, np.random.default_rng(1))
+    m2 = BayesianQuadratic(exploration=0.0).draw(x, y, np.random.default_rng(2))
     np.testing.assert_allclose(m1.linear, m2.linear)
+    # A tempered draw lies between: half the deviation of the full sample with the same rng.
+    half = BayesianQuadratic(exploration=0.5).draw(x, y, np.random.default_rng(1))
+    np.testing.assert_allclose(half.linear - m1.linear, 0.5 * (a.linear - m1.linear), atol=1e-9)
 
 
 def test_bad_inputs() -> None:
@@ -180,6 +183,8 @@ def test_bad_inputs() -> None:
         QUBOProblem(enc, budgets=[LinearBudget("f", costs={("z", 0): 1}, limit=1)])
     with pytest.raises(ValueError, match="at least one observation"):
         BayesianQuadratic().draw(np.zeros((0, 2)), np.zeros(0), np.random.default_rng())
+    with pytest.raises(ValueError, match="`exploration` is -1"):
+        BayesianQuadratic(exploration=-1.0)
     with pytest.raises(ValueError, match="`rank` is 0"):
         FactorizationMachine(rank=0)
     with pytest.raises(ValueError, match="`num_reads` is 0"):
@@ -199,3 +204,16 @@ def test_import_without_dimod() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "True"
+
+
+def test_all_samples_evaluated_falls_back_to_unseen_neighbours() -> None:
+    enc = OneHotEncoding(["a", "b"], [range(3), range(3)])
+    problem = QUBOProblem(enc)
+    model = QuadraticModel(np.array([-5.0, 0, 0, -5.0, 0, 1.0]), np.zeros((6, 6)))
+    evaluated = [enc.encode([0, 0])]  # the surrogate's clear optimum
+    solution = solve(problem, model, evaluated=evaluated, seed=0)
+    assert solution.info["n_neighbours"] > 0
+    decoded = [enc.decode(c) for c in solution.codes]
+    # Energies -5, -5, -5 (ties in any order), then -4.
+    assert sorted(decoded[:3]) == [[0, 1], [1, 0], [2, 0]]
+    assert decoded[3:] == [[0, 2]]

@@ -118,7 +118,7 @@ def test_hierarchical_children_are_valid_one_decision_mutations() -> None:
             assert origin["level"] in changed
             assert origin["parent"] < trial.number
     assert mutations >= 50
-    assert [o["operation"] for o in _origins(study)[:10]] == ["random"] * 10
+    assert [o["operation"] for o in _origins(study)[:6]] == ["random"] * 5 + ["mutation"]
 
 
 def test_level_weights_restrict_the_mutated_level() -> None:
@@ -140,9 +140,9 @@ def test_evolution_beats_its_random_start_on_a_structured_objective() -> None:
     study.optimize(_objective(), n_trials=150)
     values = [t.value for t in study.trials]
     optimum = min(_score(a) for a in SPACE.enumerate())
-    assert min(values[:20]) > optimum
+    assert min(values[:10]) > optimum
     assert min(values) == optimum
-    assert np.mean(values[-30:]) < np.mean(values[:20])
+    assert np.mean(values[-30:]) < np.mean(values[:10])
 
 
 def test_no_duplicate_while_unseen_neighbours_exist() -> None:
@@ -473,7 +473,7 @@ def test_multi_objective_study_with_constraints_runs_end_to_end() -> None:
     def objective(trial: optuna.Trial) -> tuple[float, float]:
         arch = SPACE.suggest(trial)
         size = sum(c.width or 0 for c in arch.cells)
-        trial.set_constraint("size", size - 32)
+        trial.set_constraint("size", size - 16)
         return _score(arch), float(size)
 
     study = optuna.create_study(
@@ -483,11 +483,15 @@ def test_multi_objective_study_with_constraints_runs_end_to_end() -> None:
     study.optimize(objective, n_trials=60)
     ops = {o["operation"] for o in _origins(study)}
     assert {"random", "mutation", "crossover"} <= ops
-    late = study.trials[-20:]
-    feasible_late = sum(all(v <= 0 for v in t.constraints.values()) for t in late)
-    early = study.trials[:10]
-    feasible_early = sum(all(v <= 0 for v in t.constraints.values()) for t in early)
-    assert feasible_late / 20 > feasible_early / 10
+
+    def feasible(t: optuna.trial.FrozenTrial) -> bool:
+        return all(v <= 0 for v in t.constraints.values())
+
+    base_rate = np.mean([feasible(t) for t in study.trials])
+    parents = [study.trials[o["parent"]] for o in _origins(study) if o["parent"] is not None]
+    assert len(parents) >= 40
+    # Tournaments prefer feasible members, so parents are feasible more often than trials.
+    assert np.mean([feasible(p) for p in parents]) > base_rate
     assert len(study.best_trials) >= 2
 
 

@@ -30,8 +30,11 @@ if TYPE_CHECKING:
     from optuna_hpcnas.samplers._evolution._cache import Member
     from optuna_hpcnas.search_space import Architecture
 
-# Fresh draws tried before a duplicate is accepted.
-_MAX_ATTEMPTS = 16
+# Mutations (then random draws) tried before the next fallback. Few: enumerating the
+# parent's neighbours is exact and, on small spaces, cheaper than many blind retries.
+_MAX_ATTEMPTS = 4
+# Spaces up to this size are enumerated (once) to draw among unseen architectures exactly.
+_ENUMERABLE = 20_000
 
 
 def _check_int(name: str, value: Any, minimum: int) -> int:
@@ -63,7 +66,7 @@ class EvolutionarySampler(BaseSampler):
     draws ``tournament_size`` of them without replacement, and mutates the winner (optionally
     after a uniform crossover with the winner of a second tournament). There is no generation
     barrier: a free worker gets a child at once, and the oldest trials leave the population as
-    new ones finish. The first ``n_startup_trials`` trials are random.
+    new ones finish. The first ``n_startup_trials`` finished trials are random.
 
     With a :class:`~optuna_hpcnas.HierarchicalSearchSpace` (detected from the study, where
     ``space.suggest`` records it) a mutation changes one decision at one level (topology,
@@ -90,8 +93,9 @@ class EvolutionarySampler(BaseSampler):
     have no intermediate values, so there pruned trials rank after every complete one.
 
     An architecture (or parameter set) already evaluated, running or failed is not proposed
-    again while an unseen one-decision neighbour of the parent exists; if none does, fresh
-    random draws are tried before a duplicate is accepted.
+    again while an unseen one-decision neighbour of the parent exists; if none does, the child
+    is drawn among the unseen architectures (exactly, for spaces of up to 20,000; by a few
+    random draws otherwise) before a duplicate is accepted.
 
     Every child's origin (operation, parents, mutated level and parameters) is written to the
     trial system attribute ``hpcnas:evolution:origin``; the population is rebuilt from the
@@ -111,7 +115,8 @@ class EvolutionarySampler(BaseSampler):
         level_weights: Relative probability of mutating each level of a hierarchical space
             (keys: ``"topology"``, ``"operator"``, ``"micro"``, ``"cluster"``); by default
             a decision is drawn uniformly among those that can change.
-        n_startup_trials: Random trials before evolution starts (default: ``population_size``).
+        n_startup_trials: Random trials before evolution starts (default:
+            ``max(2, population_size // 2)``; the population fills up while it evolves).
         consider_pruned_trials: Whether pruned trials enter the population.
         avoid_duplicates: Whether to avoid proposing a seen candidate again.
         independent_sampler: Sampler for parameters outside the relative search space
@@ -163,7 +168,7 @@ class EvolutionarySampler(BaseSampler):
         self._mutation_scale = float(mutation_scale)
         self._level_weights = self._check_level_weights(level_weights)
         if n_startup_trials is None:
-            n_startup_trials = self._population_size
+            n_startup_trials = max(2, self._population_size // 2)
         self._n_startup_trials = _check_int("n_startup_trials", n_startup_trials, 1)
         self._consider_pruned = _check_bool("consider_pruned_trials", consider_pruned_trials)
         self._avoid_duplicates = _check_bool("avoid_duplicates", avoid_duplicates)
@@ -243,6 +248,7 @@ class EvolutionarySampler(BaseSampler):
             cache.space_final = cache.space is not None or cache.n_finished > 0
             if cache.space is not None:
                 cache.space_distributions = dict(cache.space.distributions())
+                cache.space_cardinality = cache.space.cardinality()
         return cache
 
     # ------------------------------------------------------------------ search space
@@ -292,7 +298,7 @@ class EvolutionarySampler(BaseSampler):
             if self._avoid_duplicates:
                 if hierarchical:
                     assert space is not None
-                    cache.use_keys(("hierarchical", space.to_json()), self._arch_key_fn(space))
+                    cache.use_keys(id(space), self._arch_key_fn(space))
                 else:
                     frozen = dict(search_space)
                     cache.use_keys(
@@ -314,14 +320,12 @@ class EvolutionarySampler(BaseSampler):
 
     @staticmethod
     def _arch_key_fn(space: HierarchicalSearchSpace) -> Any:
-        names = set(space.distributions())
+        # The active, non-constant parameters identify an architecture exactly as its one-hot
+        # encoding does (``space.encode``), at a fraction of the cost.
+        names = frozenset(space.distributions())
 
         def key(params: dict[str, Any]) -> Hashable | None:
-            try:
-                arch = space.from_params({k: v for k, v in params.items() if k in names})
-            except ValueError:
-                return None
-            return space.encode(arch).tobytes()
+            return tuple(sorted((k, v) for k, v in params.items() if k in names))
 
         return key
 
@@ -357,9 +361,11 @@ class EvolutionarySampler(BaseSampler):
         self, cache: StudyCache, space: HierarchicalSearchSpace, rng: np.random.Generator
     ) -> dict[str, Any]:
         key_fn = self._arch_key_fn(space)
+        # Once every architecture was seen, avoiding duplicates only costs time.
+        avoid = self._avoid_duplicates and cache.num_seen < cache.space_cardinality
 
         def unseen(params: dict[str, Any]) -> bool:
-            return not self._avoid_duplicates or not cache.is_seen(key_fn(params))
+            return not avoid or not cache.is_seen(key_fn(params))
 
         def random_child() -> dict[str, Any]:
             params = space.to_params(space.sample(rng))
@@ -392,19 +398,29 @@ class EvolutionarySampler(BaseSampler):
                 base = _variation.crossover_architectures(space, parent_arch, other, rng)
                 origin["operation"] = "crossover"
                 origin["second_parent"] = second.number
+        base_params = space.to_params(base)
         for _ in range(_MAX_ATTEMPTS):
-            child, level = self._mutate(space, base, rng)
-            params = space.to_params(child)
+            params, level = self._mutate(space, base, base_params, rng)
             if unseen(params):
                 origin["level"] = level
                 origin["params"] = params
                 return origin
-        fresh = [p for p in _variation.neighbours(space, parent_arch) if unseen(p)]
+        fresh = (
+            [p for p in _variation.neighbours(space, parent_arch) if unseen(p)] if avoid else []
+        )
         if fresh:
             origin["operation"] = "neighbour"
             origin["params"] = fresh[int(rng.integers(len(fresh)))]
             return origin
         origin.update(operation="random", parent=None, second_parent=None)
+        if avoid and cache.space_cardinality <= _ENUMERABLE:
+            # A small space: draw exactly among the architectures never seen.
+            if cache.all_params is None:
+                cache.all_params = [space.to_params(a) for a in space.enumerate()]
+            left = [p for p in cache.all_params if not cache.is_seen(key_fn(p))]
+            if left:
+                origin["params"] = dict(left[int(rng.integers(len(left)))])
+                return origin
         origin["params"] = random_child()
         return origin
 
@@ -419,10 +435,15 @@ class EvolutionarySampler(BaseSampler):
             return None
 
     def _mutate(
-        self, space: HierarchicalSearchSpace, arch: Architecture, rng: np.random.Generator
-    ) -> tuple[Architecture, str | None]:
+        self,
+        space: HierarchicalSearchSpace,
+        arch: Architecture,
+        params: dict[str, Any],
+        rng: np.random.Generator,
+    ) -> tuple[dict[str, Any], str | None]:
+        """Params of a one-decision mutation of ``arch`` (whose params are ``params``), and
+        the level of the decision that changed."""
         if self._level_weights is not None:
-            params = space.to_params(arch)
             levels = sorted(
                 {
                     space.decision(name).level
@@ -435,14 +456,13 @@ class EvolutionarySampler(BaseSampler):
             if weights.sum() > 0:
                 level = levels[int(rng.choice(len(levels), p=weights / weights.sum()))]
                 try:
-                    return space.mutate(arch, rng, level=level), level.value
+                    child = space.mutate(arch, rng, level=level)
+                    return space.to_params(child), level.value
                 except ValueError:
                     pass  # e.g. no feasible cluster layout at that level
-        before = space.to_params(arch)
-        child = space.mutate(arch, rng)
-        after = space.to_params(child)
-        changed = [n for n in before if n in after and before[n] != after[n]]
-        return child, space.decision(changed[0]).level.value if changed else None
+        after = space.to_params(space.mutate(arch, rng))
+        changed = [n for n in params if n in after and params[n] != after[n]]
+        return after, space.decision(changed[0]).level.value if changed else None
 
     def _child_of_params(
         self,
