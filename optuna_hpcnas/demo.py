@@ -1,6 +1,6 @@
 """``make demo``: a complete weight-sharing search on scikit-learn's digits, on a laptop.
 
-Trains a supernet of the ``digits-small`` space, searches it with Optuna (TPE by default)
+Trains a supernet of the ``digits-small`` space, searches it with Optuna (EvolutionarySampler by default)
 and the ``StagedPruner`` into a SQLite file, prints the best architectures with accuracy,
 FLOPs and latency, retrains the best one from scratch and reports its test accuracy, and
 prints the command that opens optuna-dashboard on the result.
@@ -152,7 +152,7 @@ def run_demo(
         storage=storage,
         study_name=name,
         direction="maximize",
-        sampler=sampler or make_sampler("tpe", seed),
+        sampler=sampler or make_sampler("evolutionary", seed),
         pruner=StagedPruner(plan if plan is not None else demo_plan()),
     )
     t0 = time.perf_counter()
@@ -211,7 +211,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--storage", default="sqlite:///hpcnas-demo.db")
     parser.add_argument("--study-name", default=None)
     parser.add_argument(
-        "--sampler", default="tpe", choices=("tpe", "random", "nsga2", "evolutionary")
+        "--sampler", default="evolutionary", choices=("tpe", "random", "nsga2", "evolutionary")
     )
     parser.add_argument("--trials", type=int, default=300)
     parser.add_argument("--timeout", type=float, default=75.0, help="search seconds")
