@@ -1,9 +1,9 @@
 """``make demo``: a complete weight-sharing search on scikit-learn's digits, on a laptop.
 
-Trains a supernet of the ``digits-small`` space, searches it with Optuna (EvolutionarySampler by default)
-and the ``StagedPruner`` into a SQLite file, prints the best architectures with accuracy,
-FLOPs and latency, retrains the best one from scratch and reports its test accuracy, and
-prints the command that opens optuna-dashboard on the result.
+Trains a supernet of the ``digits-small`` space, searches it with Optuna (EvolutionarySampler
+by default) and the ``StagedPruner`` into a SQLite file, prints the best architectures with
+accuracy, FLOPs and latency, retrains the best one from scratch and reports its test accuracy,
+and prints the command that opens optuna-dashboard on the result.
 
 Run ``python -m optuna_hpcnas.demo --help`` for the options.
 """
