@@ -90,7 +90,7 @@ class StudyCache:
         self.space_final = False
         self.space_distributions: dict[str, BaseDistribution] | None = None
         self.space_cardinality = 0
-        self.all_params: list[dict[str, Any]] | None = None
+        self.all_params: list[tuple[Hashable, dict[str, Any]]] | None = None
         self.intersection: dict[str, BaseDistribution] | None = None
         self.n_finished = 0
         self.updated_for: int | None = None

@@ -416,8 +416,9 @@ class EvolutionarySampler(BaseSampler):
         if avoid and cache.space_cardinality <= _ENUMERABLE:
             # A small space: draw exactly among the architectures never seen.
             if cache.all_params is None:
-                cache.all_params = [space.to_params(a) for a in space.enumerate()]
-            left = [p for p in cache.all_params if not cache.is_seen(key_fn(p))]
+                every = [space.to_params(a) for a in space.enumerate()]
+                cache.all_params = [(key_fn(p), p) for p in every]
+            left = [p for k, p in cache.all_params if not cache.is_seen(k)]
             if left:
                 origin["params"] = dict(left[int(rng.integers(len(left)))])
                 return origin
