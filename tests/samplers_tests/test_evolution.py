@@ -505,7 +505,9 @@ def test_pruned_trials_are_parents() -> None:
         return _score(arch)
 
     for consider in (True, False):
-        sampler = EvolutionarySampler(population_size=6, consider_pruned_trials=consider, seed=0)
+        sampler = EvolutionarySampler(
+            population_size=6, n_startup_trials=6, consider_pruned_trials=consider, seed=0
+        )
         study = optuna.create_study(sampler=sampler)
         study.optimize(objective, n_trials=40)
         parents = {o["parent"] for o in _origins(study) if o["parent"] is not None}
