@@ -138,6 +138,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=30)
     parser.add_argument("--gp-seeds", type=int, default=10)
     parser.add_argument("--first-seed", type=int, default=0)
+    parser.add_argument("--asks", type=int, default=30, help="timed asks per cell (GP: 3)")
     parser.add_argument("--trials", type=int, default=max(CHECKPOINTS))
     parser.add_argument("--budget-quantile", type=float, default=0.3)
     parser.add_argument("--jobs", type=int, default=1)
@@ -198,7 +199,7 @@ def main() -> None:
         for name in SAMPLERS:
             if f"{name}@{n}" in args.ask_skip:
                 continue
-            asks = 1 if name == "GP" and n > 1000 else 10
+            asks = 3 if name == "GP" else args.asks
             make = lambda name=name: SAMPLERS[name](0)  # noqa: E731
             summary[f"ask/{name}@{n}"] = ms_per_ask(table, make, n, n_asks=asks)
         if args.large_space:
@@ -207,7 +208,9 @@ def main() -> None:
                 if name.startswith("TPE") and n > 1000:
                     continue  # minutes per ask
                 make = lambda name=name: SAMPLERS[name](0)  # noqa: E731
-                summary[f"ask-{args.large_space}/{name}@{n}"] = ms_per_ask_on_space(space, make, n)
+                summary[f"ask-{args.large_space}/{name}@{n}"] = ms_per_ask_on_space(
+                    space, make, n, n_asks=args.asks
+                )
     _print_ask(summary)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(summary))
@@ -224,7 +227,9 @@ def _print_ask(summary: dict[str, Any]) -> None:
     for group, by_name in groups.items():
         sizes = sorted({n for cells in by_name.values() for n in cells})
         where = "digits-small" if group == "ask" else group.split("-", 1)[1] + " (random history)"
-        print(f"## ms per ask on {where}: ask + suggest after N finished trials (mean of 10)\n")
+        print(
+            f"## ms per ask on {where}: ask + suggest after N finished trials (mean of 30; GP 3)\n"
+        )
         print("| sampler | " + " | ".join(f"@{n}" for n in sizes) + " | vs Evolution |")
         print("|---|" + "---|" * (len(sizes) + 1))
         evo = by_name.get("Evolution", {})
