@@ -214,12 +214,14 @@ def hypervolume_2d(points: np.ndarray, reference: Sequence[float]) -> float:
 
 
 class HypervolumeScale:
-    """Normalises (log-loss, FLOPs) to [0, 1] over the table; the reference point is (1, 1)."""
+    """Normalises (log-loss, FLOPs) to [0, 1]: FLOPs over the table's range, log-loss from the
+    table's best to its 90th percentile (worse architectures are no trade-off anyone wants,
+    and a few diverged ones would otherwise flatten every difference). Reference (1, 1)."""
 
     def __init__(self, table: NASTable) -> None:
         ll, fl = table.column(OBJECTIVE), table.column("flops")
         self.low = np.array([ll.min(), fl.min()])
-        self.high = np.array([ll.max(), fl.max()])
+        self.high = np.array([np.quantile(ll, 0.9), fl.max()])
         all_points = self.scale(np.stack([ll, fl], axis=1))
         self.optimum = hypervolume_2d(all_points, (1.0, 1.0))
 

@@ -90,7 +90,9 @@ class StudyCache:
         self.space_final = False
         self.space_distributions: dict[str, BaseDistribution] | None = None
         self.space_cardinality = 0
-        self.all_params: list[dict[str, Any]] | None = None
+        self._universe: dict[Hashable, int] | None = None  # key -> enumeration index
+        self._universe_params: list[dict[str, Any]] = []
+        self._unseen: set[int] = set()
         self.intersection: dict[str, BaseDistribution] | None = None
         self.n_finished = 0
         self.updated_for: int | None = None
@@ -177,15 +179,30 @@ class StudyCache:
             self._seen[old] -= 1
             if not self._seen[old]:
                 del self._seen[old]
+                if self._universe is not None and old in self._universe:
+                    self._unseen.add(self._universe[old])
         if key is not None:
             self._key_of[number] = key
             self._seen[key] = self._seen.get(key, 0) + 1
+            if self._universe is not None and key in self._universe:
+                self._unseen.discard(self._universe[key])
+
+    def unseen(self, every: Callable[[], list[tuple[Hashable, dict[str, Any]]]]) -> list[dict]:
+        """Params of the candidates of ``every()`` (keyed; built once) never seen, in
+        ``every`` order; kept up to date incrementally, so a call costs O(unseen)."""
+        if self._universe is None:
+            pairs = every()
+            self._universe = {key: i for i, (key, _) in enumerate(pairs)}
+            self._universe_params = [params for _, params in pairs]
+            self._unseen = {i for key, i in self._universe.items() if key not in self._seen}
+        return [self._universe_params[i] for i in sorted(self._unseen)]
 
     def use_keys(self, signature: Hashable, key_fn: KeyFn) -> None:
         """Key candidates with ``key_fn``; rebuilt (once) when ``signature`` changes."""
         if self._key_fn is not None and signature == self._key_signature:
             return
         self._key_fn, self._key_signature = key_fn, signature
+        self._universe = None
         self._key_of.clear()
         self._seen.clear()
         for number, params in self._params.items():

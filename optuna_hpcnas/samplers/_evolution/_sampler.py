@@ -399,7 +399,9 @@ class EvolutionarySampler(BaseSampler):
                 origin["operation"] = "crossover"
                 origin["second_parent"] = second.number
         base_params = space.to_params(base)
-        for _ in range(_MAX_ATTEMPTS):
+        # Most of a nearly exhausted space is seen: go to the exact neighbour list sooner.
+        crowded = 2 * cache.num_seen > cache.space_cardinality
+        for _ in range(1 if crowded else _MAX_ATTEMPTS):
             params, level = self._mutate(space, base, base_params, rng)
             if unseen(params):
                 origin["level"] = level
@@ -415,9 +417,9 @@ class EvolutionarySampler(BaseSampler):
         origin.update(operation="random", parent=None, second_parent=None)
         if avoid and cache.space_cardinality <= _ENUMERABLE:
             # A small space: draw exactly among the architectures never seen.
-            if cache.all_params is None:
-                cache.all_params = [space.to_params(a) for a in space.enumerate()]
-            left = [p for p in cache.all_params if not cache.is_seen(key_fn(p))]
+            left = cache.unseen(
+                lambda: [(key_fn(p), p) for p in map(space.to_params, space.enumerate())]
+            )
             if left:
                 origin["params"] = dict(left[int(rng.integers(len(left)))])
                 return origin
