@@ -527,7 +527,7 @@ def _cmd_run(args: argparse.Namespace, *, resume: bool) -> int:
     metrics_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
     if metrics_dir:
         Path(metrics_dir).mkdir(parents=True, exist_ok=True)
-    reporter = server = None
+    reporter = server = metrics = None
     if rank == 0:
         _logger.info(
             "%s study %r on %s with %d process(es)",
@@ -540,7 +540,6 @@ def _cmd_run(args: argparse.Namespace, *, resume: bool) -> int:
             warn_if_sqlite_shared(
                 storage, n_processes=size, running_trials=_running_trials(storage, name)
             )
-        metrics = None
         if config.metrics.enabled:
             from optuna_hpcnas.metrics import SearchMetrics
             from optuna_hpcnas.metrics import serve_metrics
@@ -556,7 +555,7 @@ def _cmd_run(args: argparse.Namespace, *, resume: bool) -> int:
                 metrics=metrics,
             ).start()
     try:
-        run_search(config)
+        run_search(config, metrics=metrics)
     finally:
         if reporter is not None:
             reporter.stop()
