@@ -96,7 +96,7 @@ def run_search(
         evaluator_factory: Builds the ``GroupEvaluator`` on every rank; the supernet one
             from ``[data]``/``[training]`` by default.
         metrics: ``SearchMetrics`` that get the checkpoint bytes written and the sampler's
-            time per trial (world rank 0).
+            seconds per trial (world rank 0).
 
     Fault tolerance: on an RDB storage every running trial sends heartbeats
     (``[checkpoints] heartbeat_interval``); when the search is started again, trials silent
@@ -446,10 +446,10 @@ class _Runner:
         """The scheduler's source: the next feasible trial of the study (leader only)."""
         assert self.group is not None
         while True:
-            started = time.perf_counter()
             trial = self._pop()
             if trial is None:
                 return None
+            started = time.perf_counter()
             with self.tracker.track("sampler"):
                 arch = self.space.suggest(trial)
             if self.metrics is not None:
