@@ -455,7 +455,8 @@ def _bcast(value: Any) -> Any:
 
 
 def _remaining_budget(storage: str, name: str) -> tuple[str | None, int]:
-    """``(error, number of WAITING trials)`` of the study to resume."""
+    """``(error, number of WAITING and RUNNING trials)`` of the study to resume (a RUNNING
+    trial of a killed run is retried once its heartbeat is stale)."""
     import optuna
     from optuna.trial import TrialState
 
@@ -469,7 +470,9 @@ def _remaining_budget(storage: str, name: str) -> tuple[str | None, int]:
             f"{names or 'none'}); start it with `hpcnas run`"
         ), 0
     study = optuna.load_study(study_name=name, storage=storage)
-    return None, len(study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
+    return None, len(
+        study.get_trials(deepcopy=False, states=(TrialState.WAITING, TrialState.RUNNING))
+    )
 
 
 def _running_trials(storage: str, name: str) -> int:

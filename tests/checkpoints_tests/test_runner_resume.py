@@ -8,6 +8,7 @@ running trial for retry and exits within 30 s.
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 import re
@@ -111,7 +112,9 @@ def _checkpoints(url: str) -> list[int]:
 
 
 @pytest.mark.slow
-def test_killed_run_resumes_with_the_same_command(tmp_path: Path) -> None:
+def test_killed_run_resumes_with_the_same_command(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     config, url = _setup(tmp_path)
     db, log = tmp_path / "nas.db", tmp_path / "run.log"
     proc = _start(config, log)
@@ -153,6 +156,16 @@ def test_killed_run_resumes_with_the_same_command(tmp_path: Path) -> None:
     assert "resuming them without adding new ones" in second_log
     # and the chain goes on from there (steps counted across runs).
     assert max(_checkpoints(url)) > max(saved_steps)
+
+    # `hpcnas export` without --weights inherits the newest checkpoint's supernet weights.
+    from optuna_hpcnas._export import build_module
+    from optuna_hpcnas.search_space import Architecture
+
+    arch = Architecture.from_json(study.best_trial.user_attrs[_keys.OBJECTIVE_ARCH])
+    with caplog.at_level(logging.INFO, logger="optuna_hpcnas._export"):
+        build_module(study, arch)
+    newest = f"supernet.{max(_checkpoints(url)):010d}."
+    assert f"Inherited weights from supernet checkpoint {newest}" in caplog.text
 
 
 @pytest.mark.slow
