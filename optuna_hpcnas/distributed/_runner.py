@@ -20,10 +20,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from collections.abc import Sequence
+import contextlib
 from contextlib import contextmanager
 import json
 import logging
 import math
+import threading
 import time
 from typing import Any
 from typing import TYPE_CHECKING
@@ -207,7 +209,10 @@ class _Runner:
         from optuna_hpcnas.checkpoints import PreemptionGuard
 
         save = self._checkpoint_now if self.policy is not None else None
-        with PreemptionGuard.from_config(self.ccfg, checkpoint=save) as self.guard:
+        self.guard = PreemptionGuard.from_config(self.ccfg, checkpoint=save)
+        # signal handlers can only be installed from the main thread
+        in_main = threading.current_thread() is threading.main_thread()
+        with self.guard if in_main else contextlib.nullcontext(self.guard):
             self._loop()
             if self.policy is not None and self.supernet_steps > self._saved_step:
                 self._checkpoint_now()  # the last trials' steps
