@@ -40,7 +40,9 @@ def build_module(
     """The standalone subnet of ``arch`` (``SuperNet(...).subnet(arch)``) and its input shape.
 
     ``weights`` is a supernet ``state_dict`` saved with ``torch.save`` (read with
-    ``weights_only=True``); without it the subnet has the supernet's initial weights.
+    ``weights_only=True``); without it the subnet inherits the weights of the newest supernet
+    checkpoint ``hpcnas run`` saved in the study's database (``[checkpoints] enabled``), or
+    keeps the supernet's initial weights when there is none.
     """
     from optuna_hpcnas.search_space import HierarchicalSearchSpace
 
@@ -60,10 +62,11 @@ def build_module(
     if weights is not None:
         state = torch.load(str(weights), map_location="cpu", weights_only=True)
         net.load_state_dict(state)
-    else:
+    elif not _load_checkpoint(study, net):
         _logger.warning(
-            "No supernet weights given (--weights): the module has initial weights; "
-            "train it (optuna_hpcnas.evaluation.train_from_scratch) before use."
+            "No supernet weights given (--weights) and no supernet checkpoint in the study: "
+            "the module has initial weights; train it "
+            "(optuna_hpcnas.evaluation.train_from_scratch) before use."
         )
     return net.eval().subnet(arch).eval(), shape
 
@@ -128,3 +131,35 @@ def export_architecture(
         else:
             written.append((path, "ONNX"))
     return written
+
+
+def _load_checkpoint(study: optuna.Study, net: Any) -> bool:
+    """Load the newest valid ``supernet`` checkpoint of the study into ``net``, if any."""
+    try:
+        from optuna_hpcnas.checkpoints import CheckpointManager
+        from optuna_hpcnas.checkpoints import RDBArtifactStore
+
+        store = RDBArtifactStore(study._storage)  # type: ignore[arg-type]
+    except (ImportError, TypeError):
+        return False  # not an RDB storage, or the checkpoint component is not installed
+    latest = CheckpointManager(study=study, artifact_store=store).load_latest()
+    if latest is None:
+        return False
+    try:
+        prefix = "model."  # the layout of checkpoints.training_state
+        net.load_state_dict(
+            {k[len(prefix) :]: v for k, v in latest.state().items() if k.startswith(prefix)}
+        )
+    except RuntimeError as e:  # another input shape or class count than the search used
+        _logger.warning(
+            "Supernet checkpoint %s does not fit this module (%s): initial weights used.",
+            latest.info.checkpoint_id,
+            e,
+        )
+        return False
+    _logger.info(
+        "Inherited weights from supernet checkpoint %s (step %d).",
+        latest.info.checkpoint_id,
+        latest.step,
+    )
+    return True

@@ -455,7 +455,8 @@ def _bcast(value: Any) -> Any:
 
 
 def _remaining_budget(storage: str, name: str) -> tuple[str | None, int]:
-    """``(error, number of WAITING trials)`` of the study to resume."""
+    """``(error, number of WAITING and RUNNING trials)`` of the study to resume (a RUNNING
+    trial of a killed run is retried once its heartbeat is stale)."""
     import optuna
     from optuna.trial import TrialState
 
@@ -469,7 +470,9 @@ def _remaining_budget(storage: str, name: str) -> tuple[str | None, int]:
             f"{names or 'none'}); start it with `hpcnas run`"
         ), 0
     study = optuna.load_study(study_name=name, storage=storage)
-    return None, len(study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
+    return None, len(
+        study.get_trials(deepcopy=False, states=(TrialState.WAITING, TrialState.RUNNING))
+    )
 
 
 def _running_trials(storage: str, name: str) -> int:
@@ -527,7 +530,7 @@ def _cmd_run(args: argparse.Namespace, *, resume: bool) -> int:
     metrics_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
     if metrics_dir:
         Path(metrics_dir).mkdir(parents=True, exist_ok=True)
-    reporter = server = None
+    reporter = server = metrics = None
     if rank == 0:
         _logger.info(
             "%s study %r on %s with %d process(es)",
@@ -540,7 +543,6 @@ def _cmd_run(args: argparse.Namespace, *, resume: bool) -> int:
             warn_if_sqlite_shared(
                 storage, n_processes=size, running_trials=_running_trials(storage, name)
             )
-        metrics = None
         if config.metrics.enabled:
             from optuna_hpcnas.metrics import SearchMetrics
             from optuna_hpcnas.metrics import serve_metrics
@@ -556,7 +558,7 @@ def _cmd_run(args: argparse.Namespace, *, resume: bool) -> int:
                 metrics=metrics,
             ).start()
     try:
-        run_search(config)
+        run_search(config, metrics=metrics)
     finally:
         if reporter is not None:
             reporter.stop()

@@ -43,6 +43,7 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 from typing import Any
 
+from optuna_hpcnas.checkpoints._config import CheckpointConfig as _CheckpointSettings
 from optuna_hpcnas.distributed._config import DistributedConfig
 
 SAMPLERS = ("tpe", "random", "nsga2", "evolutionary", "qubo")
@@ -301,19 +302,23 @@ class DataConfig:
 
 
 @dataclass(frozen=True)
-class CheckpointConfig:
-    """``[checkpoints]``: supernet checkpoints (used when the checkpoint component is
-    installed)."""
+class CheckpointConfig(_CheckpointSettings):
+    """``[checkpoints]``: the checkpoint component's ``CheckpointConfig`` plus ``enabled``.
+
+    ``enabled`` turns on supernet checkpoints (weights, optimizer, RNG, the runner's cursor)
+    in the study's own database every ``every_n_steps`` supernet steps, the top-k
+    architectures every ``every_p_trials`` finished trials, and a restore from the newest
+    valid checkpoint at start. ``heartbeat_interval``, ``grace_period`` and ``max_retry``
+    apply to every RDB storage, enabled or not: a killed worker's trial is retried when the
+    search is run again. See ``optuna_hpcnas.checkpoints.CheckpointConfig`` for every key.
+    """
 
     enabled: bool = False
-    every_n_trials: int = 10
-    keep: int = 3
 
     def __post_init__(self) -> None:
         if not isinstance(self.enabled, bool):
             raise TypeError(f"`enabled` must be a bool, but got {self.enabled!r}.")
-        _int_or_none("every_n_trials", self.every_n_trials, 1)
-        _int_or_none("keep", self.keep, 1)
+        super().__post_init__()
 
 
 @dataclass(frozen=True)

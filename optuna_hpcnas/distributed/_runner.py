@@ -20,10 +20,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from collections.abc import Sequence
+import contextlib
 from contextlib import contextmanager
 import json
 import logging
 import math
+import threading
 import time
 from typing import Any
 from typing import TYPE_CHECKING
@@ -47,8 +49,11 @@ if TYPE_CHECKING:
     import optuna
     from torch import nn
 
+    from optuna_hpcnas.checkpoints import CheckpointPolicy
+    from optuna_hpcnas.checkpoints import PreemptionGuard
     from optuna_hpcnas.config import RunConfig
     from optuna_hpcnas.distributed._evaluator import GroupEvaluator
+    from optuna_hpcnas.metrics import SearchMetrics
     from optuna_hpcnas.search_space import Architecture
     from optuna_hpcnas.search_space import HierarchicalSearchSpace
 
@@ -78,6 +83,7 @@ def run_search(
     comm: Any = None,
     evaluator_factory: Callable[[RunConfig, HierarchicalSearchSpace, str], GroupEvaluator]
     | None = None,
+    metrics: SearchMetrics | None = None,
 ) -> None:
     """Run the search a ``RunConfig`` describes on every rank of ``comm``.
 
@@ -91,9 +97,20 @@ def run_search(
         comm: An mpi4py communicator; ``MPI.COMM_WORLD`` (or one process) by default.
         evaluator_factory: Builds the ``GroupEvaluator`` on every rank; the supernet one
             from ``[data]``/``[training]`` by default.
+        metrics: ``SearchMetrics`` that get the checkpoint bytes written and the sampler's
+            seconds per trial (world rank 0).
+
+    Fault tolerance: on an RDB storage every running trial sends heartbeats
+    (``[checkpoints] heartbeat_interval``); when the search is started again, trials silent
+    for ``grace_period`` are failed and re-queued (``RetryHeartbeatStaleTrialCallback``)
+    and the interrupted budget is resumed. With ``[checkpoints] enabled`` world rank 0 saves
+    the supernet (weights, optimizer, RNG, step and trial counters) into the study's
+    database every ``every_n_steps`` supernet steps, every leader restores the newest valid
+    checkpoint at start, and SIGTERM/SIGUSR1 checkpoint at once, re-queue the running trial
+    and exit within ``exit_deadline`` seconds (``PreemptionGuard``).
     """
     comm = comm if comm is not None else world_comm()
-    runner = _Runner(config, comm, evaluator_factory)
+    runner = _Runner(config, comm, evaluator_factory, metrics)
     try:
         runner.run()
     finally:
@@ -106,8 +123,16 @@ class _Runner:
         config: RunConfig,
         comm: Any,
         evaluator_factory: Callable[..., GroupEvaluator] | None,
+        metrics: SearchMetrics | None = None,
     ) -> None:
         self.config = config
+        self.ccfg = config.checkpoints
+        self.metrics = metrics
+        self.policy: CheckpointPolicy | None = None
+        self.guard: PreemptionGuard | None = None
+        self._heartbeat = False
+        self.supernet_steps = 0  # cumulative, restored from the checkpoint
+        self._saved_step = 0
         self.dcfg = config.distributed
         self.comm = comm
         self.tracker = UtilisationTracker()
@@ -121,6 +146,7 @@ class _Runner:
         self._current: tuple[Any, Any] | None = None
         self._best: tuple[float, dict[str, float]] | None = None
         self._reached: tuple[int, str | None] = (0, None)
+        self._last_told = -1
 
     # ------------------------------------------------------------------ setup
     def run(self) -> None:
@@ -156,6 +182,8 @@ class _Runner:
 
         self.world = TorchWorld(group, self.dcfg, self.device)
         self._open_study(storage)
+        if storage is not None and self.ccfg.enabled:
+            self._setup_checkpoints()
         if group.is_leader and group.num_groups > 1 and self.dcfg.sync_interval > 0:
             from optuna_hpcnas.distributed._averaging import ParameterAverager
 
@@ -178,7 +206,16 @@ class _Runner:
                 lookahead=self.dcfg.lookahead if self.dcfg.scheduler == "cost_aware" else 1,
             )
         self._loop_started = time.perf_counter()
-        self._loop()
+        from optuna_hpcnas.checkpoints import PreemptionGuard
+
+        save = self._checkpoint_now if self.policy is not None else None
+        self.guard = PreemptionGuard.from_config(self.ccfg, checkpoint=save)
+        # signal handlers can only be installed from the main thread
+        in_main = threading.current_thread() is threading.main_thread()
+        with self.guard if in_main else contextlib.nullcontext(self.guard):
+            self._loop()
+            if self.policy is not None and self.supernet_steps > self._saved_step:
+                self._checkpoint_now()  # the last trials' steps
         if self.averager is not None:
             with self.tracker.track("idle"):  # waiting for the last group to finish its trial
                 target = self.averager.agree_rounds()
@@ -205,7 +242,7 @@ class _Runner:
                 with self.tracker.track("storage"):
                     self.study = optuna.create_study(
                         study_name=cfg.study.name,
-                        storage=storage,
+                        storage=self._storage(storage),
                         directions=list(cfg.study.directions),  # type: ignore[arg-type]
                         sampler=cfg.sampler.build(seed_offset=0),
                         pruner=cfg.pruner.build(),
@@ -229,23 +266,163 @@ class _Runner:
                     assert storage is not None  # several ranks: checked in run()
                     self.study = optuna.load_study(
                         study_name=cfg.study.name,
-                        storage=storage,
+                        storage=self._storage(storage),
                         sampler=cfg.sampler.build(seed_offset=self.group.index),
                         pruner=cfg.pruner.build(),
                     )
+
+    def _storage(self, url: str | None) -> Any:
+        """An RDB storage with heartbeats (and stale-trial retries) for a URL."""
+        if url is None or url == "sqlite:///:memory:":
+            return url
+        from optuna_hpcnas.checkpoints import heartbeat_storage
+
+        self._heartbeat = True
+        return heartbeat_storage(url, self.ccfg)
+
+    def _fail_stale_trials(self) -> None:
+        """Fail (and re-queue) trials whose worker stopped sending heartbeats."""
+        import warnings
+
+        import optuna
+
+        assert self.study is not None
+        if not self._heartbeat:
+            return
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            optuna.storages.fail_stale_trials(self.study)
 
     def _enqueue_budget(self) -> None:
         import optuna
 
         assert self.study is not None
         n = self.config.study.n_trials
+        self._fail_stale_trials()
         if n is None:
             return
         waiting = len(
             self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))
         )
+        if waiting and self._heartbeat and len(self.study.get_trials(deepcopy=False)) > waiting:
+            # An interrupted search (killed, preempted): finish its budget, add none.
+            _logger.info(
+                "Study %r has %d trial(s) left from an interrupted run (retries included): "
+                "resuming them without adding new ones.",
+                self.study.study_name,
+                waiting,
+            )
+            return
         for _ in range(max(0, n - waiting)):
             self.study.enqueue_trial({}, skip_if_exists=False)
+
+    # ------------------------------------------------------------------ checkpoints
+    def _setup_checkpoints(self) -> None:
+        """Leaders restore the newest supernet checkpoint; world rank 0 owns the chain."""
+        from optuna_hpcnas.checkpoints import CheckpointPolicy
+        from optuna_hpcnas.checkpoints import RDBArtifactStore
+        from optuna_hpcnas.checkpoints import restore_training_state
+
+        assert self.group is not None
+        if not self.group.is_leader:
+            return
+        assert self.study is not None
+        store = RDBArtifactStore(
+            self.study._storage,  # type: ignore[arg-type]  # the cached RDBStorage
+            chunk_bytes=self.ccfg.chunk_bytes,
+        )
+        policy = CheckpointPolicy(
+            study=self.study,
+            artifact_store=store,
+            architecture_state=self._architecture_state,
+            config=self.ccfg,
+        )
+        with self.tracker.track("storage"):
+            latest = policy.supernet.load_latest()
+        if latest is None:
+            _logger.info("No supernet checkpoint in the study yet: starting from initial weights.")
+        else:
+            model, optimizer = self._supernet_parts()
+            meta = restore_training_state(latest, model, optimizer)
+            self.supernet_steps = self._saved_step = int(meta.get("supernet_steps", latest.step))
+            _logger.info(
+                "Restored the supernet from checkpoint %s (step %d, %d trial(s) finished "
+                "when saved).",
+                latest.info.checkpoint_id,
+                latest.step,
+                int(meta.get("trials_finished", 0)),
+            )
+        if self.comm.Get_rank() == 0:
+            self.policy = policy
+
+    def _supernet_parts(self) -> tuple[nn.Module, Any]:
+        from optuna_hpcnas.checkpoints import CheckpointError
+
+        model = getattr(self.evaluator, "supernet", None)
+        if model is None:
+            raise CheckpointError(
+                f"[checkpoints] enabled needs an evaluator with a `supernet` module; "
+                f"{type(self.evaluator).__name__} has none."
+            )
+        return model, getattr(self.evaluator, "_optimizer", None)
+
+    def _supernet_state(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        import optuna
+
+        from optuna_hpcnas.checkpoints import training_state
+
+        assert self.study is not None
+        model, optimizer = self._supernet_parts()
+        finished = len(
+            self.study.get_trials(
+                deepcopy=False,
+                states=(optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED),
+            )
+        )
+        return training_state(
+            model,
+            optimizer,
+            extra={"supernet_steps": self.supernet_steps, "trials_finished": finished},
+        )
+
+    def _checkpoint_now(self) -> None:
+        """Save the supernet at once (world rank 0; also on SIGTERM/SIGUSR1)."""
+        if self.policy is None:
+            return
+        with self.tracker.track("storage"):
+            tensors, metadata = self._supernet_state()
+            info = self.policy.supernet.save(tensors, step=self.supernet_steps, metadata=metadata)
+        self._saved_step = self.supernet_steps
+        if self.metrics is not None:
+            self.metrics.add_checkpoint_bytes(info.size)
+        _logger.info(
+            "Saved supernet checkpoint %s (step %d, %s, %d bytes).",
+            info.checkpoint_id,
+            info.step,
+            info.kind,
+            info.size,
+        )
+
+    def _maybe_checkpoint(self) -> None:
+        """Every ``every_n_steps`` supernet steps (checked at trial boundaries)."""
+        if self.policy is None:
+            return
+        if self.supernet_steps - self._saved_step >= self.ccfg.every_n_steps:
+            self._checkpoint_now()
+
+    def _architecture_state(self, trial: optuna.trial.FrozenTrial) -> dict[str, Any]:
+        """The inherited weights of one trial's path (the top-k states of a generation)."""
+        from optuna_hpcnas.search_space import Architecture
+
+        text = trial.user_attrs.get(_keys.OBJECTIVE_ARCH)
+        if not isinstance(text, str):
+            return {}
+        layers = self.evaluator.layers(Architecture.from_json(text))
+        return {
+            f"layer{i}.{k}": v.detach().cpu()
+            for i, layer in enumerate(layers)
+            for k, v in layer.state_dict().items()
+        }
 
     # ------------------------------------------------------------------ leader: pulling work
     def _timed_out(self) -> bool:
@@ -259,6 +436,7 @@ class _Runner:
         if self._timed_out():
             return None
         with self.tracker.track("storage"):
+            self._fail_stale_trials()
             if self.config.study.n_trials is None:
                 return self.study.ask()
             # as study.ask does: let the sampler see trials other groups finished meanwhile
@@ -276,8 +454,11 @@ class _Runner:
             trial = self._pop()
             if trial is None:
                 return None
+            started = time.perf_counter()
             with self.tracker.track("sampler"):
                 arch = self.space.suggest(trial)
+            if self.metrics is not None:
+                self.metrics.observe_ask(time.perf_counter() - started)
             excess = arch.cluster.ranks - self.group.size
             if excess > 0:
                 self._tell_infeasible(trial, arch, excess)
@@ -331,7 +512,27 @@ class _Runner:
                 message = channel.share(message)
             if isinstance(message, Stop):
                 return
-            self._evaluate(message)
+            with self._trial_heartbeat():
+                self._evaluate(message)
+            self._check_signal()
+
+    def _check_signal(self) -> None:
+        if self.guard is not None:
+            self.guard.check()
+
+    @contextmanager
+    def _trial_heartbeat(self) -> Iterator[None]:
+        """Leaders: heartbeats for the running trial, which a signal re-queues."""
+        if self._current is None or self.study is None:
+            yield
+            return
+        from optuna.storages._heartbeat import get_heartbeat_thread
+
+        trial = self._current[0]
+        assert self.guard is not None
+        with get_heartbeat_thread(trial._trial_id, self.study._storage):
+            with self.guard.watch(trial):
+                yield
 
     def _task_message(self, task: Task) -> TrialTask:
         trial, arch = task.key
@@ -365,6 +566,8 @@ class _Runner:
                     batch_size=msg.micro_batch_size,
                     seed=msg.seed,
                 )
+            self.supernet_steps += tcfg.supernet_steps
+            self._check_signal()
         engine = None
         layers: list[nn.Module] = []
         schedule = self._schedule
@@ -407,6 +610,7 @@ class _Runner:
                         engine.train_step(batches)
                         if self.averager is not None:
                             self.averager.poll()
+                        self._check_signal()
                 with self.tracker.track("communication"):
                     engine.copy_back(layers, group.rank)
                     if pp > 1:
@@ -438,6 +642,10 @@ class _Runner:
             with channel.leader_section("averaging weights"), self.tracker.track("communication"):
                 if self.averager is not None:
                     self.averager.trial_finished()
+            if self.policy is not None:
+                with channel.leader_section("checkpointing"):
+                    self._maybe_checkpoint()
+                    self._close_generation()
 
     def _report(self, metrics: dict[str, float], epoch: int, stage: str | None) -> str | None:
         """Report one epoch; ``"prune"``, ``"stop"`` (early stopping) or ``None``."""
@@ -509,7 +717,15 @@ class _Runner:
             else:
                 self.study.tell(trial, list(values))
         self.trials_done += 1
+        self._last_told = trial._trial_id
         self._current = None
+
+    def _close_generation(self) -> None:
+        """The policy's per-trial callback: top-k states every ``every_p_trials`` trials."""
+        assert self.policy is not None and self.study is not None
+        with self.tracker.track("storage"):
+            frozen = self.study._storage.get_trial(self._last_told)
+            self.policy(self.study, frozen)
 
     # ------------------------------------------------------------------ end of run
     def _finish(self) -> None:

@@ -172,3 +172,29 @@ def test_group_size_zero_follows_the_space_cluster_parameters() -> None:
     )
     assert _group_size(DistributedConfig(group_size=0), capped.space.build()) == 4
     assert _group_size(DistributedConfig(group_size=2), space) == 2
+
+
+def test_checkpoints_table_is_the_checkpoint_components_config() -> None:
+    from optuna_hpcnas.checkpoints import CheckpointConfig as ComponentConfig
+
+    config = config_from_dict(
+        {
+            "study": {"n_trials": 1},
+            "checkpoints": {
+                "enabled": True,
+                "every_n_steps": 5,
+                "heartbeat_interval": 1,
+                "grace_period": 3,
+                "max_retry": 2,
+            },
+        }
+    )
+    assert isinstance(config.checkpoints, ComponentConfig)
+    assert config.checkpoints.enabled and config.checkpoints.every_n_steps == 5
+    assert (config.checkpoints.grace_period, config.checkpoints.max_retry) == (3, 2)
+    with pytest.raises(ConfigError, match="`every_n_trials` in \\[checkpoints\\].*every_n_steps"):
+        config_from_dict({"study": {"n_trials": 1}, "checkpoints": {"every_n_trials": 3}})
+    with pytest.raises(ConfigError, match="grace_period` is 1"):
+        config_from_dict(
+            {"study": {"n_trials": 1}, "checkpoints": {"heartbeat_interval": 1, "grace_period": 1}}
+        )
