@@ -554,6 +554,7 @@ def _cmd_run(args: argparse.Namespace, *, resume: bool) -> int:
                 storage,
                 name,
                 n_trials=config.study.n_trials,
+                interval=config.metrics.refresh_seconds,
                 display=not args.no_progress,
                 metrics=metrics,
             ).start()

@@ -328,6 +328,7 @@ class MetricsConfig:
     enabled: bool = False
     host: str = "127.0.0.1"
     port: int = 9464
+    refresh_seconds: float = 2.0  # how often the study-wide series are re-read from storage
 
     def __post_init__(self) -> None:
         if not isinstance(self.enabled, bool):
@@ -335,6 +336,7 @@ class MetricsConfig:
         if not isinstance(self.host, str):
             raise TypeError(f"`host` must be a string, but got {self.host!r}.")
         _int_or_none("port", self.port, 0)
+        _number("refresh_seconds", self.refresh_seconds)
 
 
 @dataclass(frozen=True)

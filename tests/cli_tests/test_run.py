@@ -38,6 +38,7 @@ supernet_steps = 2
 [metrics]
 enabled = true
 port = {port}
+refresh_seconds = {refresh}
 """
 
 
@@ -60,7 +61,11 @@ def test_run_serves_moving_metrics_then_resume_and_status(tmp_path: Path) -> Non
     port = _free_port()
     config = tmp_path / "nas.toml"
     config.write_text(
-        CONFIG.format(storage=f"sqlite:///{tmp_path / 'nas.db'}", n_trials=5, port=port)
+        # the storage is re-read every 50 ms, far below one trial's time, so successive
+        # scrapes see the search move whatever the machine's speed
+        CONFIG.format(
+            storage=f"sqlite:///{tmp_path / 'nas.db'}", n_trials=5, port=port, refresh=0.05
+        )
     )
     proc = _hpcnas("run", "--config", str(config), cwd=tmp_path)
     completed: list[float] = []
@@ -77,7 +82,7 @@ def test_run_serves_moving_metrics_then_resume_and_status(tmp_path: Path) -> Non
         if value is not None and (not completed or value != completed[-1]):
             completed.append(value)
             progress.append(_value(text, "hpcnas_search_progress_ratio") or 0.0)
-        time.sleep(0.2)
+        time.sleep(0.02)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
     # The scrapes saw the search advance: more completed trials and more progress over time.
@@ -103,7 +108,9 @@ def test_run_config_errors_name_key_and_allowed_values(
     from optuna_hpcnas.cli import main
 
     config = tmp_path / "nas.toml"
-    config.write_text(CONFIG.format(storage=f"sqlite:///{tmp_path / 'x.db'}", n_trials=2, port=0))
+    config.write_text(
+        CONFIG.format(storage=f"sqlite:///{tmp_path / 'x.db'}", n_trials=2, port=0, refresh=2.0)
+    )
     for args, expected in (
         (["--set", "sampler.name=cmaes"], "must be one of ['tpe', 'random'"),
         (["--set", "study.bogus=1"], "Unknown key `bogus` in [study]; allowed keys: ['name'"),
