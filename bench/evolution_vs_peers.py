@@ -78,15 +78,40 @@ def _task(args: tuple[str, str, int, int, float | None]) -> tuple[Any, ...]:
     return setting, name, seed, picks, run.seconds
 
 
+def load_stored(path: Path | str) -> tuple[list[tuple[Any, ...]], dict[str, float]]:
+    """The runs and the ``ask...`` figures of a stored ``--out`` file."""
+    stored = json.loads(Path(path).read_text())
+    asks = {k: v for k, v in stored.items() if k.startswith("ask")}
+    return [tuple(r) for r in stored["runs"]], asks
+
+
+def picks_by_cell(results: list[tuple[Any, ...]]) -> dict[tuple[str, str], list[Any]]:
+    """Checkpoint picks of each run, keyed by (setting, sampler)."""
+    by: dict[tuple[str, str], list[Any]] = {}
+    for setting, name, _seed, picks, _secs in results:
+        by.setdefault((setting, name), []).append(picks)
+    return by
+
+
+def ask_groups(summary: dict[str, Any]) -> dict[str, dict[str, dict[int, float]]]:
+    """ms per ask as {group: {sampler: {finished trials: ms}}} ("ask", "ask-<space>")."""
+    groups: dict[str, dict[str, dict[int, float]]] = {}
+    for key, ms in summary.items():
+        if not key.startswith("ask"):
+            continue
+        group, rest = key.split("/", 1)
+        name, n = rest.rsplit("@", 1)
+        groups.setdefault(group, {}).setdefault(name, {})[int(n)] = ms
+    return groups
+
+
 def _fmt(samples: list[float], scale: float = 1.0) -> str:
     mean, half = mean_ci([scale * s for s in samples])
     return f"{mean:.2f} ± {half:.2f}"
 
 
 def _print_tables(results: list[tuple[Any, ...]], budget: float) -> None:
-    by: dict[tuple[str, str], list[Any]] = {}
-    for setting, name, _seed, picks, _secs in results:
-        by.setdefault((setting, name), []).append(picks)
+    by = picks_by_cell(results)
 
     for setting, title in (("plain", "no budget"), ("budget", f"FLOPs <= {budget:.3g}")):
         if not any(key[0] == setting for key in by):
@@ -188,10 +213,10 @@ def main() -> None:
     print(f"# {len(tasks)} studies in {time.perf_counter() - start:.0f} s")
     summary: dict[str, Any] = {"table": table.name, "budget": budget, "runs": results}
     for path in args.merge:
-        earlier = json.loads(Path(path).read_text())
-        results = results + [tuple(r) for r in earlier["runs"]]
-        summary.update({k: v for k, v in earlier.items() if k.startswith("ask")})
-        print(f"# merged {len(earlier['runs'])} studies from {path}")
+        runs, stored_asks = load_stored(path)
+        results = results + runs
+        summary.update(stored_asks)
+        print(f"# merged {len(runs)} studies from {path}")
     print()
     _print_tables(results, budget)
 
@@ -217,14 +242,7 @@ def main() -> None:
 
 
 def _print_ask(summary: dict[str, Any]) -> None:
-    groups: dict[str, dict[str, dict[int, float]]] = {}
-    for key, ms in summary.items():
-        if not key.startswith("ask"):
-            continue
-        group, rest = key.split("/", 1)
-        name, n = rest.rsplit("@", 1)
-        groups.setdefault(group, {}).setdefault(name, {})[int(n)] = ms
-    for group, by_name in groups.items():
+    for group, by_name in ask_groups(summary).items():
         sizes = sorted({n for cells in by_name.values() for n in cells})
         where = "digits-small" if group == "ask" else group.split("-", 1)[1] + " (random history)"
         print(
