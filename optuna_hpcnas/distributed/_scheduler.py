@@ -10,6 +10,7 @@ and tail latency without a cluster.
 
 from __future__ import annotations
 
+import abc
 from collections import deque
 from collections.abc import Callable
 from collections.abc import Sequence
@@ -60,7 +61,7 @@ class Task:
     submitted: float = 0.0
 
 
-class BaseScheduler:
+class BaseScheduler(abc.ABC):
     """Hands tasks to idle groups. ``submit`` adds work, ``next_task`` is called by a group
     the moment it is idle and returns ``None`` when nothing is left."""
 
@@ -76,11 +77,13 @@ class BaseScheduler:
     def num_groups(self) -> int:
         return self._num_groups
 
+    @abc.abstractmethod
     def submit(self, task: Task) -> None:
-        raise NotImplementedError
+        """Add one task to the pool."""
 
+    @abc.abstractmethod
     def next_task(self, group: int, now: float) -> Task | None:
-        raise NotImplementedError
+        """The task that the idle ``group`` runs next, or ``None`` when nothing is left."""
 
     def _check_group(self, group: int) -> None:
         if not 0 <= group < self._num_groups:
