@@ -31,6 +31,12 @@ def main() -> None:
     parser.add_argument("--quick-epochs", type=int, default=1)
     parser.add_argument("--medium-epochs", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--medium-schedule",
+        default="cosine",
+        choices=("constant", "cosine"),
+        help="medium-stage lr: constant, or the reference's recipe (cosine to 0, weight decay)",
+    )
     args = parser.parse_args()
 
     from scipy import stats
@@ -96,12 +102,22 @@ def main() -> None:
             ("medium", args.medium_epochs, 1e-2),
         ):
             t0 = time.perf_counter()
+            cosine = stage == "medium" and args.medium_schedule == "cosine"
             for group in optimizer.param_groups:
                 group["lr"] = lr
+                # The stand-alone recipe: weight decay 1e-4 and the lr annealed to 0, so that
+                # the score is read at a converged point rather than mid-step noise.
+                group["weight_decay"] = 1e-4 if cosine else 0.0
+            steps = epochs * -(-len(data.train) // 32)
+            step = 0
             for _ in range(epochs):
                 model.train()
                 for x, y in iterate_batches(data.train, 32, shuffle=True, generator=generator):
+                    if cosine:
+                        for group in optimizer.param_groups:
+                            group["lr"] = 0.5 * lr * (1.0 + np.cos(np.pi * step / steps))
                     train_step(model, optimizer, x, y, [None], grad_clip=5.0)
+                    step += 1
             acc, loss = evaluate(model, data.valid)
             scores[stage].append(loss)
             accuracies[stage].append(acc)
@@ -129,7 +145,8 @@ def main() -> None:
     n = len(archs)
     print(
         f"\nsupernet: {args.supernet_epochs} epochs, {args.paths} paths per batch "
-        f"({args.sampling}); fine-tuning: {args.finetune_optimizer}, quick lr 1e-3, medium lr 1e-2"
+        f"({args.sampling}); fine-tuning: {args.finetune_optimizer}, quick lr 1e-3, "
+        f"medium lr 1e-2 ({args.medium_schedule})"
     )
     print(
         f"Ranking fidelity on {n} digits-small architectures vs stand-alone training "

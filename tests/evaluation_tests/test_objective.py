@@ -8,6 +8,7 @@ import weakref
 import optuna
 import pytest
 import torch
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 from torch.utils.data import TensorDataset
 
 from optuna_hpcnas import _keys
@@ -168,3 +169,34 @@ def test_lazy_top_level_objective() -> None:
     import optuna_hpcnas
 
     assert optuna_hpcnas.SupernetObjective is SupernetObjective
+
+
+@pytest.mark.parametrize("schedule", ["constant", "cosine"])
+def test_stage_schedule_sets_each_batchs_learning_rate(schedule: str) -> None:
+    objective = _objective_for(
+        _task(), optimizer="adam", stage_schedule=schedule, last_stage="full"
+    )
+    objective.train_supernet()
+    lrs: list[float] = []
+    handle = register_optimizer_step_pre_hook(
+        lambda opt, args, kwargs: lrs.append(opt.param_groups[0]["lr"])
+    )
+    try:
+        study = optuna.create_study(direction="maximize")
+        study.optimize(objective, n_trials=1)
+    finally:
+        handle.remove()
+    # 60 samples in batches of 32: 2 batches an epoch; quick is 1 epoch, full 2.
+    assert len(lrs) == 6
+    quick, full = lrs[:2], lrs[2:]
+    if schedule == "constant":
+        assert quick == [1e-3, 1e-3] and full == [1e-2] * 4
+    else:
+        assert quick[0] == pytest.approx(1e-3) and quick[1] == pytest.approx(5e-4)
+        assert full[0] == pytest.approx(1e-2)
+        assert all(a > b > 0 for a, b in zip(full, full[1:]))
+
+
+def test_stage_schedule_is_validated() -> None:
+    with pytest.raises(ValueError, match="'linear'"):
+        ObjectiveConfig(stage_schedule="linear")
