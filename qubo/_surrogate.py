@@ -85,7 +85,7 @@ class Surrogate(abc.ABC):
     def draw(
         self, bits: np.ndarray, values: np.ndarray, rng: np.random.Generator
     ) -> QuadraticModel:
-        raise NotImplementedError
+        """A quadratic model of ``values`` over ``bits`` (a posterior draw or a fit)."""
 
 
 class BayesianQuadratic(Surrogate):
