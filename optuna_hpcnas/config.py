@@ -43,6 +43,9 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 from typing import Any
 
+from optuna_hpcnas._validation import check_choice
+from optuna_hpcnas._validation import check_int
+from optuna_hpcnas._validation import check_number
 from optuna_hpcnas.checkpoints._config import CheckpointConfig as _CheckpointSettings
 from optuna_hpcnas.distributed._config import DistributedConfig
 
@@ -57,29 +60,6 @@ OPTIMIZERS = ("adamw", "sgd")
 
 class ConfigError(ValueError):
     """A run configuration that cannot be used (unknown key or value, wrong type)."""
-
-
-def _int_or_none(name: str, value: Any, minimum: int) -> None:
-    if value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"`{name}` must be an int, but got {value!r}.")
-    if value < minimum:
-        raise ValueError(f"`{name}` is {value}, but must be >= {minimum}.")
-
-
-def _number(name: str, value: Any, *, positive: bool = True, allow_none: bool = False) -> None:
-    if value is None and allow_none:
-        return
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"`{name}` must be a number, but got {value!r}.")
-    if positive and value <= 0:
-        raise ValueError(f"`{name}` is {value}, but must be > 0.")
-
-
-def _choice(name: str, value: Any, allowed: Sequence[str]) -> None:
-    if value not in allowed:
-        raise ValueError(f"`{name}` is {value!r}, but must be one of {list(allowed)}.")
 
 
 def _table(name: str, value: Any) -> None:
@@ -110,9 +90,9 @@ class StudyConfig:
         if not self.directions:
             raise ValueError("`directions` is empty; give at least one direction.")
         for d in self.directions:
-            _choice("directions", d, DIRECTIONS)
-        _int_or_none("n_trials", self.n_trials, 1)
-        _number("timeout", self.timeout, allow_none=True)
+            check_choice("directions", d, DIRECTIONS)
+        check_int("n_trials", self.n_trials, 1, allow_none=True)
+        check_number("timeout", self.timeout, allow_none=True)
         if self.n_trials is None and self.timeout is None:
             raise ValueError("Set `n_trials` or `timeout` (or both): the search must end.")
 
@@ -164,8 +144,8 @@ class SamplerConfig:
     kwargs: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        _choice("name", self.name, SAMPLERS)
-        _int_or_none("seed", self.seed, 0)
+        check_choice("name", self.name, SAMPLERS)
+        check_int("seed", self.seed, 0, allow_none=True)
         _table("kwargs", self.kwargs)
         object.__setattr__(self, "kwargs", dict(self.kwargs))
 
@@ -205,7 +185,7 @@ class PrunerConfig:
     kwargs: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        _choice("name", self.name, PRUNERS)
+        check_choice("name", self.name, PRUNERS)
         _table("kwargs", self.kwargs)
         object.__setattr__(self, "kwargs", dict(self.kwargs))
 
@@ -255,16 +235,16 @@ class TrainingConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        _int_or_none("epochs", self.epochs, 1)
-        _int_or_none("steps_per_epoch", self.steps_per_epoch, 1)
-        _number("lr", self.lr)
-        _number("weight_decay", self.weight_decay, positive=False)
-        _int_or_none("supernet_steps", self.supernet_steps, 0)
-        _number("supernet_lr", self.supernet_lr)
-        _choice("optimizer", self.optimizer, OPTIMIZERS)
-        _number("momentum", self.momentum, positive=False)
-        _choice("device", self.device, DEVICES)
-        _int_or_none("seed", self.seed, 0)
+        check_int("epochs", self.epochs, 1, allow_none=True)
+        check_int("steps_per_epoch", self.steps_per_epoch, 1, allow_none=True)
+        check_number("lr", self.lr)
+        check_number("weight_decay", self.weight_decay, positive=False)
+        check_int("supernet_steps", self.supernet_steps, 0, allow_none=True)
+        check_number("supernet_lr", self.supernet_lr)
+        check_choice("optimizer", self.optimizer, OPTIMIZERS)
+        check_number("momentum", self.momentum, positive=False)
+        check_choice("device", self.device, DEVICES)
+        check_int("seed", self.seed, 0, allow_none=True)
 
 
 @dataclass(frozen=True)
@@ -280,7 +260,7 @@ class ObjectiveConfig:
         if not self.metrics:
             raise ValueError("`metrics` is empty; give at least one metric.")
         for m in self.metrics:
-            _choice("metrics", m, METRICS)
+            check_choice("metrics", m, METRICS)
 
 
 @dataclass(frozen=True)
@@ -292,13 +272,13 @@ class DataConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        _choice("name", self.name, DATASETS)
-        _number("validation_fraction", self.validation_fraction)
+        check_choice("name", self.name, DATASETS)
+        check_number("validation_fraction", self.validation_fraction)
         if not 0 < self.validation_fraction < 1:
             raise ValueError(
                 f"`validation_fraction` is {self.validation_fraction}, but must be in (0, 1)."
             )
-        _int_or_none("seed", self.seed, 0)
+        check_int("seed", self.seed, 0, allow_none=True)
 
 
 @dataclass(frozen=True)
@@ -335,8 +315,8 @@ class MetricsConfig:
             raise TypeError(f"`enabled` must be a bool, but got {self.enabled!r}.")
         if not isinstance(self.host, str):
             raise TypeError(f"`host` must be a string, but got {self.host!r}.")
-        _int_or_none("port", self.port, 0)
-        _number("refresh_seconds", self.refresh_seconds)
+        check_int("port", self.port, 0, allow_none=True)
+        check_number("refresh_seconds", self.refresh_seconds)
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+
+from optuna_hpcnas._validation import check_choice
+from optuna_hpcnas._validation import check_int
 
 ENGINES = ("auto", "deepspeed")
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -11,18 +13,6 @@ BACKENDS = ("auto", "gloo", "nccl")
 SHM_OP = ("skip", "build")
 COMPRESSIONS = ("none", "powersgd")
 SCHEDULERS = ("dynamic", "cost_aware")
-
-
-def _int(name: str, value: Any, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"`{name}` must be an int, but got {value!r}.")
-    if value < minimum:
-        raise ValueError(f"`{name}` is {value}, but must be >= {minimum}.")
-
-
-def _choice(name: str, value: Any, allowed: tuple[str, ...]) -> None:
-    if value not in allowed:
-        raise ValueError(f"`{name}` is {value!r}, but must be one of {list(allowed)}.")
 
 
 @dataclass(frozen=True)
@@ -72,19 +62,19 @@ class DistributedConfig:
     lookahead: int = 4
 
     def __post_init__(self) -> None:
-        _int("group_size", self.group_size, 0)
-        _int("sync_interval", self.sync_interval, 0)
-        _choice("compression", self.compression, COMPRESSIONS)
-        _int("powersgd_rank", self.powersgd_rank, 1)
-        _int("zero_stage", self.zero_stage, 0)
+        check_int("group_size", self.group_size, 0)
+        check_int("sync_interval", self.sync_interval, 0)
+        check_choice("compression", self.compression, COMPRESSIONS)
+        check_int("powersgd_rank", self.powersgd_rank, 1)
+        check_int("zero_stage", self.zero_stage, 0)
         if self.zero_stage > 3:
             raise ValueError(f"`zero_stage` is {self.zero_stage}, but must be 0, 1, 2 or 3.")
-        _choice("precision", self.precision, PRECISIONS)
-        _choice("engine", self.engine, ENGINES)
-        _choice("backend", self.backend, BACKENDS)
+        check_choice("precision", self.precision, PRECISIONS)
+        check_choice("engine", self.engine, ENGINES)
+        check_choice("backend", self.backend, BACKENDS)
         if not isinstance(self.master_addr, str):
             raise TypeError(f"`master_addr` must be a string, but got {self.master_addr!r}.")
-        _int("master_port", self.master_port, 0)
+        check_int("master_port", self.master_port, 0)
         if isinstance(self.collective_timeout_s, bool) or not isinstance(
             self.collective_timeout_s, (int, float)
         ):
@@ -95,7 +85,7 @@ class DistributedConfig:
             raise ValueError(
                 f"`collective_timeout_s` is {self.collective_timeout_s}, but must be > 0."
             )
-        _choice("shm_op", self.shm_op, SHM_OP)
-        _int("pipeline_micro_batches", self.pipeline_micro_batches, 0)
-        _choice("scheduler", self.scheduler, SCHEDULERS)
-        _int("lookahead", self.lookahead, 1)
+        check_choice("shm_op", self.shm_op, SHM_OP)
+        check_int("pipeline_micro_batches", self.pipeline_micro_batches, 0)
+        check_choice("scheduler", self.scheduler, SCHEDULERS)
+        check_int("lookahead", self.lookahead, 1)
