@@ -13,6 +13,7 @@ width; ``x.shape[channel_dim]`` is the input width, read at run time.
 
 from __future__ import annotations
 
+import abc
 import math
 from typing import TYPE_CHECKING
 
@@ -86,7 +87,7 @@ def _copy_ln(src: nn.LayerNorm, dst: nn.LayerNorm, c: int) -> None:
         dst.bias.copy_(src.bias[:c])
 
 
-class SharedOp(nn.Module):
+class SharedOp(nn.Module, abc.ABC):
     """Base class of a weight-sharing operator: ``forward(x, cell)`` and ``export``."""
 
     domain: str
@@ -95,12 +96,13 @@ class SharedOp(nn.Module):
         """Width of the output for an input of ``c_in`` channels."""
         return c_in
 
-    def forward(self, x: torch.Tensor, cell: CellConfig) -> torch.Tensor:  # pragma: no cover
-        raise NotImplementedError
+    @abc.abstractmethod
+    def forward(self, x: torch.Tensor, cell: CellConfig) -> torch.Tensor:
+        """The operator applied to ``x`` with the micro parameters of ``cell``."""
 
+    @abc.abstractmethod
     def export(self, c_in: int, cell: CellConfig) -> SharedOp:
         """A standalone copy sized exactly for ``c_in`` channels and ``cell``."""
-        raise NotImplementedError  # pragma: no cover
 
 
 class ConvOp(SharedOp):
