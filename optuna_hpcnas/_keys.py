@@ -25,7 +25,8 @@ PRUNER_STAGE_REACHED = "hpcnas:pruner:stage_reached"
 PRUNER_REASON = "hpcnas:pruner:reason"
 PRUNER_EARLY_STOPPED = "hpcnas:pruner:early_stopped"  # epoch of a patience stop
 
-# SupernetObjective (trial user attributes: meant for people and dashboards).
+# SupernetObjective (trial user attributes: meant for people and dashboards; the CLI and the
+# dashboard helpers read the same names).
 OBJECTIVE_ARCH = "arch"
 OBJECTIVE_ARCH_DESCRIPTION = "arch_description"
 OBJECTIVE_FLOPS = "flops"
@@ -40,14 +41,6 @@ OBJECTIVE_FAIL_REASON = "fail_reason"
 OBJECTIVE_EARLY_STOPPED = "early_stopped"
 
 # --- operations (CLI, dashboard, metrics) -------------------------------------------------
-# Trial user attributes shown by optuna-dashboard: the names SupernetObjective writes, so every
-# producer agrees.
-USER_ARCHITECTURE = OBJECTIVE_ARCH  # Architecture.to_json()
-USER_ARCHITECTURE_SUMMARY = OBJECTIVE_ARCH_DESCRIPTION  # Architecture.describe()
-USER_FLOPS = OBJECTIVE_FLOPS
-USER_PARAMS = OBJECTIVE_PARAMS
-USER_LATENCY = OBJECTIVE_LATENCY  # seconds
-USER_STAGE = OBJECTIVE_STAGE
 # Study system attributes.
 RUN_N_TRIALS = "hpcnas:run:n_trials"  # the trial target of the search, for progress
 

@@ -15,7 +15,7 @@ from optuna_hpcnas.search_space import Architecture
 
 def architecture_of(user_attrs: dict[str, Any]) -> Architecture | None:
     """The ``Architecture`` stored in ``user_attrs``, or ``None``."""
-    for key in (_keys.USER_ARCHITECTURE, "architecture"):
+    for key in (_keys.OBJECTIVE_ARCH, "architecture"):
         value = user_attrs.get(key)
         if isinstance(value, str):
             try:
@@ -32,7 +32,7 @@ def architecture_of(user_attrs: dict[str, Any]) -> Architecture | None:
 
 def summary_of(user_attrs: dict[str, Any]) -> str | None:
     """A one-line description (``Architecture.describe()``) from ``user_attrs``, or ``None``."""
-    text = user_attrs.get(_keys.USER_ARCHITECTURE_SUMMARY)
+    text = user_attrs.get(_keys.OBJECTIVE_ARCH_DESCRIPTION)
     if isinstance(text, str):
         return text
     legacy = user_attrs.get("architecture")

@@ -268,10 +268,10 @@ def _cmd_best(args: argparse.Namespace) -> int:
         rows.append(
             {
                 "trial": t.number,
-                "flops": t.user_attrs.get(_keys.USER_FLOPS),
-                "params": t.user_attrs.get(_keys.USER_PARAMS),
-                "latency_s": t.user_attrs.get(_keys.USER_LATENCY),
-                "stage": t.user_attrs.get(_keys.USER_STAGE),
+                "flops": t.user_attrs.get(_keys.OBJECTIVE_FLOPS),
+                "params": t.user_attrs.get(_keys.OBJECTIVE_PARAMS),
+                "latency_s": t.user_attrs.get(_keys.OBJECTIVE_LATENCY),
+                "stage": t.user_attrs.get(_keys.OBJECTIVE_STAGE),
                 **dict(zip(names, t.values)),
                 "architecture": _describe(study, t),
             }
@@ -322,7 +322,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
     if arch is None:
         raise CLIError(
             f"trial {trial.number} has no architecture: neither the user attribute "
-            f"{_keys.USER_ARCHITECTURE!r} nor a search space recorded in the study"
+            f"{_keys.OBJECTIVE_ARCH!r} nor a search space recorded in the study"
         )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -68,13 +68,13 @@ def record_trial(
     """Store a trial's architecture and costs as user attributes (shown by the dashboard)."""
     if not isinstance(arch, Architecture):
         raise TypeError(f"`arch` must be an Architecture, but got {type(arch).__name__}.")
-    trial.set_user_attr(_keys.USER_ARCHITECTURE, arch.to_json())
-    trial.set_user_attr(_keys.USER_ARCHITECTURE_SUMMARY, arch.describe())
+    trial.set_user_attr(_keys.OBJECTIVE_ARCH, arch.to_json())
+    trial.set_user_attr(_keys.OBJECTIVE_ARCH_DESCRIPTION, arch.describe())
     for key, value in (
-        (_keys.USER_FLOPS, flops),
-        (_keys.USER_PARAMS, params),
-        (_keys.USER_LATENCY, latency_s),
-        (_keys.USER_STAGE, stage),
+        (_keys.OBJECTIVE_FLOPS, flops),
+        (_keys.OBJECTIVE_PARAMS, params),
+        (_keys.OBJECTIVE_LATENCY, latency_s),
+        (_keys.OBJECTIVE_STAGE, stage),
     ):
         if value is not None:
             trial.set_user_attr(key, value)
@@ -138,10 +138,10 @@ def plot_pareto_front(study: optuna.Study) -> go.Figure | None:
         flags = maximize[:2]
     else:
         trials = [
-            t for t in trials if isinstance(t.user_attrs.get(_keys.USER_FLOPS), (int, float))
+            t for t in trials if isinstance(t.user_attrs.get(_keys.OBJECTIVE_FLOPS), (int, float))
         ]
         axes = (names[0], "FLOPs")
-        points = [(t.values[0], float(t.user_attrs[_keys.USER_FLOPS])) for t in trials]
+        points = [(t.values[0], float(t.user_attrs[_keys.OBJECTIVE_FLOPS])) for t in trials]
         flags = [maximize[0], False]
     if not points:
         return None
@@ -203,9 +203,9 @@ def plot_search_trajectory(study: optuna.Study, *, objective: int = 0) -> go.Fig
     fig = go.Figure()
     groups: dict[str, list[FrozenTrial]] = {}
     for t in trials:
-        label = str(t.user_attrs.get(_keys.USER_STAGE, t.state.name.lower()))
+        label = str(t.user_attrs.get(_keys.OBJECTIVE_STAGE, t.state.name.lower()))
         if t.state == TrialState.PRUNED:
-            label = f"pruned ({label})" if _keys.USER_STAGE in t.user_attrs else "pruned"
+            label = f"pruned ({label})" if _keys.OBJECTIVE_STAGE in t.user_attrs else "pruned"
         groups.setdefault(label, []).append(t)
 
     def value(t: FrozenTrial) -> float:
