@@ -51,6 +51,13 @@ def sliced_batch_norm(x: torch.Tensor, bn: nn.BatchNorm2d | nn.BatchNorm1d) -> t
     c = x.shape[1]
     assert bn.running_mean is not None and bn.running_var is not None
     use_batch = bn.training or not bn.track_running_stats
+    # As ``nn.BatchNorm2d.forward``: count the batch, and ``momentum=None`` means the
+    # cumulative average (what BatchNorm recalibration sets), not a fixed factor.
+    factor = 0.0 if bn.momentum is None else bn.momentum
+    if bn.training and bn.track_running_stats and bn.num_batches_tracked is not None:
+        bn.num_batches_tracked.add_(1)
+        if bn.momentum is None:
+            factor = 1.0 / float(bn.num_batches_tracked)
     return F.batch_norm(
         x,
         bn.running_mean[:c],
@@ -58,7 +65,7 @@ def sliced_batch_norm(x: torch.Tensor, bn: nn.BatchNorm2d | nn.BatchNorm1d) -> t
         bn.weight[:c],
         bn.bias[:c],
         use_batch,
-        bn.momentum if bn.momentum is not None else 0.1,
+        factor,
         bn.eps,
     )
 

@@ -119,6 +119,32 @@ def test_batch_norm_recalibration_uses_the_data_statistics() -> None:
     assert bn.momentum == 0.1
 
 
+def test_batch_norm_recalibration_of_a_subnet_is_the_plain_average_over_batches() -> None:
+    # The cells' BatchNorms run through the sliced functional path: recalibration must give
+    # the same statistics whether the data comes in one batch or in many (momentum=None is
+    # the cumulative average there too, not an exponential one from the reset (0, 1)).
+    space = HierarchicalSearchSpace(
+        num_cells=2, operators=("conv3x3",), topologies=("chain",), widths=(4, 8)
+    )
+    arch = next(a for a in space.enumerate() if a.cells[0].width == 4)
+    net = SuperNet(space, input_shape=SHAPE, num_classes=3)
+    data = torch.randn(96, *SHAPE) * 3 + 2
+    whole, split = net.subnet(arch), net.subnet(arch)
+    recalibrate_batch_norm(whole, [(data, None)])
+    recalibrate_batch_norm(split, [(data[i : i + 8], None) for i in range(0, 96, 8)])
+    norms = [
+        (a, b)
+        for a, b in zip(whole.modules(), split.modules())
+        if isinstance(a, torch.nn.modules.batchnorm._BatchNorm)
+    ]
+    assert len(norms) >= 3  # the stem's and both cells'
+    for a, b in norms:
+        assert int(b.num_batches_tracked) == 12
+        # Downstream inputs were normalised with each batch's statistics: close, not equal.
+        torch.testing.assert_close(a.running_mean, b.running_mean, atol=2e-2, rtol=2e-2)
+        torch.testing.assert_close(a.running_var, b.running_var, atol=2e-2, rtol=2e-2)
+
+
 def test_training_config_validation() -> None:
     assert (
         SupernetTrainingConfig(**{"paths_per_batch": 3, "precision": "bf16"}).paths_per_batch == 3
