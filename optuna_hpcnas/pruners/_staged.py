@@ -237,12 +237,13 @@ class StagedPruner(BasePruner):
             if key not in trial.system_attrs:
                 storage.set_trial_system_attr(trial_id, key, best)
             competing = [
-                float(t.system_attrs[key])
+                (float(t.system_attrs[key]), t.number)
                 for t in study.get_trials(deepcopy=False)
                 if key in t.system_attrs and t._trial_id != trial_id
             ]
-            competing.append(best)
-            if not _promotable(best, competing, plan.stages[stage].promote, maximize):
+            competing.append((best, trial.number))
+            entry = (best, trial.number)
+            if not _promotable(entry, competing, plan.stages[stage].promote, maximize):
                 reason = f"not promoted after stage {name!r} (epoch {step})"
                 storage.set_trial_system_attr(trial_id, _keys.PRUNER_REASON, reason)
                 return True
@@ -259,11 +260,14 @@ class StagedPruner(BasePruner):
         return min(recent) >= min(before) - delta
 
 
-def _promotable(value: float, competing: list[float], share: float, maximize: bool) -> bool:
-    """Whether ``value`` is within the best ``share`` of ``competing`` (SuccessiveHalving's rule:
-    while fewer than ``1 / share`` trials competed, only the best so far goes on).
+def _promotable(
+    entry: tuple[float, int], competing: list[tuple[float, int]], share: float, maximize: bool
+) -> bool:
+    """Whether ``entry`` (value, trial number) is within the best ``share`` of ``competing``
+    (SuccessiveHalving's rule: while fewer than ``1 / share`` trials competed, only the best so
+    far goes on). Equal values rank by trial number, the earlier first, so a stage never
+    promotes more than its share when many trials tie (accuracy on a small validation set).
     """
     keep = max(int(math.floor(len(competing) * share + 1e-9)), 1)
-    ordered = sorted(competing, reverse=maximize)
-    threshold = ordered[keep - 1]
-    return value >= threshold if maximize else value <= threshold
+    ordered = sorted(competing, key=lambda e: (-e[0] if maximize else e[0], e[1]))
+    return entry in ordered[:keep]

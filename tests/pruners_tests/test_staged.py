@@ -85,6 +85,21 @@ def test_promotion_is_decided_from_the_storage_by_all_workers(tmp_path) -> None:
     assert trials[0].system_attrs[_keys.PRUNER_STAGE_VALUE + "quick"] == 0.8
 
 
+def test_ties_never_promote_more_than_the_share() -> None:
+    # Accuracy on a small validation set ties often. Ties rank by trial number, the earlier
+    # first, so 12 equal quick-stage values promote only the first trial: every later one has
+    # earlier equals ahead of it filling the share (before, all 12 went on).
+    study = optuna.create_study(direction="maximize", pruner=StagedPruner(_plan()))
+    for _ in range(12):
+        _run(study, [0.9, 0.95])
+    assert [t.number for t in study.trials if t.last_step == 2] == [0]
+    # A strictly better value still goes on, and a worse one does not.
+    assert study.trials[-1].state == optuna.trial.TrialState.PRUNED
+    _run(study, [0.99, 0.99])
+    _run(study, [0.5, 0.99])
+    assert [t.last_step for t in study.trials[-2:]] == [2, 1]
+
+
 def test_minimize_direction_promotes_low_values() -> None:
     study = optuna.create_study(direction="minimize", pruner=StagedPruner(_plan()))
     _run(study, [1.0, 0.9])
