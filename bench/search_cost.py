@@ -1,0 +1,177 @@
+"""Benchmark 2 of the supernet issue over a whole space: the cost of a weight-sharing search
+vs training every candidate from scratch, and what each search picks.
+
+* From scratch: every architecture of ``digits-small`` trained alone (the stand-alone recipe
+  of ``ranking_fidelity.py``: 5 epochs, Adam, cosine lr), the best validation log-loss wins.
+* Weight sharing: the supernet trained once; every architecture scored with inherited weights
+  (BatchNorm recalibrated); the best ``1/eta`` go through the quick stage (1 epoch) and the
+  best ``1/eta`` of those through the medium stage (4 epochs, cosine); the best medium score
+  wins.
+
+Both are timed on one CPU thread in the same run; the table gives the wall time, the ratio,
+and the rank of each pick among the from-scratch results (1 = the best of the space). It also
+prints the rank correlation of the inherited scores with the from-scratch ones over the space.
+
+    python bench/search_cost.py                      # all 1,536 architectures, ~30 min
+    python bench/search_cost.py --archs 300 --scratch-cache scratch.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+import sys
+import time
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--archs", type=int, default=0, help="0: the whole space")
+    parser.add_argument("--supernet-epochs", type=int, default=24)
+    parser.add_argument("--paths", type=int, default=5)
+    parser.add_argument("--eta", type=int, default=9, help="keep 1/eta at each screening step")
+    parser.add_argument("--medium-epochs", type=int, default=4)
+    parser.add_argument("--scratch-epochs", type=int, default=5)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--scratch-cache",
+        type=Path,
+        default=None,
+        help="JSON file with the from-scratch results: read when it matches, else written",
+    )
+    args = parser.parse_args()
+
+    from _supernet_common import finetune
+    from _supernet_common import sample_architectures
+    import numpy as np
+    from scipy import stats
+    import torch
+
+    from optuna_hpcnas import HierarchicalSearchSpace
+    from optuna_hpcnas.data import load_digits_task
+    from optuna_hpcnas.evaluation import evaluate
+    from optuna_hpcnas.evaluation import train_from_scratch
+    from optuna_hpcnas.supernet import SuperNet
+    from optuna_hpcnas.supernet import SupernetTrainer
+    from optuna_hpcnas.supernet import SupernetTrainingConfig
+
+    torch.set_num_threads(1)
+    space = HierarchicalSearchSpace.preset("digits-small")
+    data = load_digits_task(seed=args.seed)
+    n_all = args.archs or space.cardinality()
+    archs = sample_architectures(space, n_all, args.seed)
+    names = [a.describe() for a in archs]
+
+    # ---- weight sharing
+    t0 = time.perf_counter()
+    net = SuperNet(space, input_shape=data.input_shape, num_classes=data.num_classes)
+    trainer = SupernetTrainer(
+        net,
+        SupernetTrainingConfig(
+            paths_per_batch=args.paths,
+            sampling="fair",
+            epochs=args.supernet_epochs,
+            batch_size=32,
+            lr=0.01,
+            weight_decay=0.0,
+            seed=args.seed,
+        ),
+    )
+    trainer.fit(data.train)
+    supernet_seconds = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    inherited = np.array(
+        [evaluate(trainer.calibrated_subnet(a, data.train), data.valid)[1] for a in archs]
+    )
+    inherited_seconds = time.perf_counter() - t0
+    keep = max(1, len(archs) // args.eta)
+    quick_set = [int(i) for i in np.argsort(inherited)[:keep]]
+    t0 = time.perf_counter()
+    quick = {}
+    for i in quick_set:
+        model = trainer.calibrated_subnet(archs[i], data.train)
+        quick[i] = finetune(model, data, [("quick", 1, 1e-3)], seed=args.seed)["quick"][1]
+    quick_seconds = time.perf_counter() - t0
+    medium_set = sorted(quick, key=quick.__getitem__)[: max(1, keep // args.eta)]
+    t0 = time.perf_counter()
+    medium = {}
+    for i in medium_set:
+        model = trainer.calibrated_subnet(archs[i], data.train)
+        stages = [("quick", 1, 1e-3), ("medium", args.medium_epochs, 1e-2)]
+        medium[i] = finetune(model, data, stages, seed=args.seed)["medium"][1]
+    medium_seconds = time.perf_counter() - t0
+    shared_pick = min(medium, key=medium.__getitem__)
+
+    # ---- from scratch
+    settings = {"epochs": args.scratch_epochs, "seed": args.seed, "archs": names}
+    cached = None
+    if args.scratch_cache is not None and args.scratch_cache.exists():
+        cached = json.loads(args.scratch_cache.read_text())
+        if cached.get("settings") != settings:
+            cached = None
+    if cached is None:
+        scratch_loss, scratch_seconds_each = [], []
+        for a in archs:
+            t0 = time.perf_counter()
+            r = train_from_scratch(
+                space, a, data, epochs=args.scratch_epochs, seed=args.seed, latency_repeats=0
+            )
+            scratch_seconds_each.append(time.perf_counter() - t0)
+            scratch_loss.append(r["valid_loss"])
+        if args.scratch_cache is not None:
+            payload = {"settings": settings, "loss": scratch_loss, "seconds": scratch_seconds_each}
+            args.scratch_cache.write_text(json.dumps(payload))
+        source = "measured in this run"
+    else:
+        scratch_loss, scratch_seconds_each = cached["loss"], cached["seconds"]
+        source = f"read from {args.scratch_cache}"
+    scratch = np.array(scratch_loss)
+    scratch_seconds = float(np.sum(scratch_seconds_each))
+    rank = {int(i): r + 1 for r, i in enumerate(np.argsort(scratch))}
+
+    n = len(archs)
+    print(f"\nSearch over {n} digits-small architectures (one CPU thread)")
+    print(f"{'search':<58} {'seconds':>8} {'vs scratch':>10} {'pick rank':>9}")
+    print(
+        f"{'from scratch: train all ' + str(n) + f' ({args.scratch_epochs} epochs each)':<58} "
+        f"{scratch_seconds:>8.0f} {1.0:>9.1f}x {1:>9}"
+    )
+    steps = (
+        (f"supernet, {args.supernet_epochs} epochs x {args.paths} paths", supernet_seconds),
+        (f"+ inherited score of all {n}", inherited_seconds),
+        (f"+ quick stage (1 epoch) for the best {len(quick_set)}", quick_seconds),
+        (
+            f"+ medium stage ({1 + args.medium_epochs} epochs) for {len(medium_set)}",
+            medium_seconds,
+        ),
+    )
+    cumulative = 0.0
+    for label, seconds in steps:
+        cumulative += seconds
+        print(f"{label:<58} {cumulative:>8.0f} {scratch_seconds / cumulative:>9.1f}x")
+    print(
+        f"weight sharing picks {names[shared_pick]} (rank {rank[shared_pick]} of {n} from "
+        f"scratch); from-scratch times {source}"
+    )
+    inherited_best = int(np.argmin(inherited))
+    print(
+        f"inherited scores vs from scratch over all {n}: Kendall tau "
+        f"{stats.kendalltau(inherited, scratch).statistic:.3f}, Spearman rho "
+        f"{stats.spearmanr(inherited, scratch).statistic:.3f}; the inherited best alone "
+        f"has rank {rank[inherited_best]}; the scratch best is in the quick set: "
+        f"{int(np.argmin(scratch)) in quick}"
+    )
+    per_scratch, per_inherited = scratch_seconds / n, inherited_seconds / n
+    print(
+        f"per candidate: from scratch {per_scratch:.2f} s, inherited score "
+        f"{per_inherited:.3f} s ({per_scratch / per_inherited:.0f}x)"
+    )
+
+
+if __name__ == "__main__":
+    main()
