@@ -36,7 +36,7 @@ def main() -> None:
     parser.add_argument("--scratch-epochs", type=int, default=5)
     parser.add_argument("--quick-epochs", type=int, default=1)
     parser.add_argument("--medium-epochs", type=int, default=4)
-    parser.add_argument("--medium-lr", type=float, default=1e-2)
+    parser.add_argument("--medium-lr", type=float, default=3e-3)
     parser.add_argument("--reference-seeds", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
