@@ -32,13 +32,22 @@ def main() -> None:
     parser.add_argument(
         "--promote", type=float, default=None, help="override the share every stage promotes"
     )
-    parser.add_argument("--stage-schedule", default="constant", choices=("constant", "cosine"))
+    parser.add_argument(
+        "--finetune-lr", type=float, default=None, help="override the medium and full stages' lr"
+    )
+    parser.add_argument("--stage-schedule", default="cosine", choices=("constant", "cosine"))
     args = parser.parse_args()
     totals: dict[str, Any] = {"epochs": [0, 0], "same best": 0, "gap": []}
     seeds = [int(s) for s in args.seeds.split(",")]
     for seed in seeds:
         full, staged, gap = run(
-            args.candidates, args.supernet_epochs, seed, args.plan, args.promote
+            args.candidates,
+            args.supernet_epochs,
+            seed,
+            args.plan,
+            args.promote,
+            args.stage_schedule,
+            args.finetune_lr,
         )
         totals["epochs"][0] += full
         totals["epochs"][1] += staged
@@ -60,7 +69,8 @@ def run(
     seed: int,
     plan_name: str,
     promote: float | None = None,
-    stage_schedule: str = "constant",
+    stage_schedule: str = "cosine",
+    finetune_lr: float | None = None,
 ) -> tuple[int, int, float]:
     """One comparison; returns (epochs of the full evaluation, epochs of the StagedPruner,
     best accuracy of the full evaluation minus the StagedPruner's)."""
@@ -85,6 +95,11 @@ def run(
     optimizer = "adam" if plan_name == "demo" else "sgd"
     if promote is not None:
         stages = [dataclasses.replace(s, promote=promote) for s in plan.stages]
+        plan = StagePlan(stages, patience=plan.patience)
+    if finetune_lr is not None:
+        stages = [plan.stages[0]] + [
+            dataclasses.replace(s, lr=finetune_lr) for s in plan.stages[1:]
+        ]
         plan = StagePlan(stages, patience=plan.patience)
     last = plan.stages[-1].name
     objective = SupernetObjective(
@@ -138,7 +153,7 @@ def run(
     rank_of = {t.user_attrs["arch"]: i + 1 for i, t in enumerate(ranking)}
     print(
         f"\nStaged pruning on {len(candidates)} digits-small candidates "
-        f"(stages {[(s.name, s.epochs) for s in plan.stages]}, patience {plan.patience})"
+        f"(stages {[(s.name, s.epochs, s.lr) for s in plan.stages]}, patience {plan.patience})"
     )
     print(
         f"{'method':<28} {'epochs':>7} {'saved':>7} {'seconds':>8} {'best acc':>9} "

@@ -75,10 +75,11 @@ class ObjectiveConfig:
         population_size: Size of that population.
         skip_infeasible: Do not fine-tune a candidate that breaks a hard limit: it ends with
             its inherited score (and its constraint values), no epochs spent.
-        stage_schedule: ``"constant"`` (each stage at its ``lr``) or ``"cosine"`` (each stage
-            anneals its ``lr`` to 0 over its batches, so a stage's score is read at a settled
-            point: it raised the medium stage's Kendall tau against stand-alone training from
-            0.45 to 0.61 in ``bench/ranking_fidelity.py --archs 20``).
+        stage_schedule: ``"cosine"`` (each stage anneals its ``lr`` to 0 over its batches, so a
+            stage's score is read at a settled point; the default) or ``"constant"`` (each
+            stage at its ``lr``). In ``bench/staged_pruning.py --seeds 0,1,2`` cosine stages
+            kept the best of 30 candidates on 2 of 3 seeds, constant ones on 1, both saving
+            82-84 % of the epochs.
     """
 
     objectives: tuple[str, ...] = ("accuracy",)
@@ -98,7 +99,7 @@ class ObjectiveConfig:
     population_steps: int = 0
     population_size: int = 20
     skip_infeasible: bool = True
-    stage_schedule: str = "constant"
+    stage_schedule: str = "cosine"
 
     def __post_init__(self) -> None:
         if self.stage_schedule not in ("constant", "cosine"):
