@@ -22,6 +22,7 @@ milliseconds per ask with 50 and 200 finished trials.
 
 from __future__ import annotations
 
+import abc
 import argparse
 from collections.abc import Callable
 import itertools
@@ -50,7 +51,7 @@ CHECKPOINTS = (25, 50, 100)
 Factory = Callable[[int, tuple[LinearBudget, ...]], optuna.samplers.BaseSampler]
 
 
-class Problem:
+class Problem(abc.ABC):
     """A minimised black box with ``objective(trial)``, ``optimum`` and feasibility."""
 
     name: str
@@ -58,8 +59,9 @@ class Problem:
     budgets: tuple[LinearBudget, ...] = ()
     worst: float = math.inf
 
+    @abc.abstractmethod
     def objective(self, trial: optuna.Trial) -> float:
-        raise NotImplementedError
+        """The value of the trial's point (suggested through ``trial``)."""
 
     def feasible(self, params: dict[str, Any]) -> bool:
         return True
