@@ -241,8 +241,8 @@ class StagedPruner(BasePruner):
                 for t in study.get_trials(deepcopy=False)
                 if key in t.system_attrs and t._trial_id != trial_id
             ]
-            competing.append((best, trial.number))
             entry = (best, trial.number)
+            competing.append(entry)
             if not _promotable(entry, competing, plan.stages[stage].promote, maximize):
                 reason = f"not promoted after stage {name!r} (epoch {step})"
                 storage.set_trial_system_attr(trial_id, _keys.PRUNER_REASON, reason)

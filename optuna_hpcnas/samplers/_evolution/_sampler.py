@@ -375,12 +375,7 @@ class EvolutionarySampler(BaseSampler):
                 params = space.to_params(space.sample(rng))
             return params
 
-        origin: dict[str, Any] = {
-            "operation": "random",
-            "parent": None,
-            "second_parent": None,
-            "level": None,
-        }
+        origin = _random_origin()
         parents = self._parents(cache, rng)
         parent_arch = None
         if parents is not None:
@@ -485,12 +480,7 @@ class EvolutionarySampler(BaseSampler):
                     break
             return params
 
-        origin: dict[str, Any] = {
-            "operation": "random",
-            "parent": None,
-            "second_parent": None,
-            "level": None,
-        }
+        origin = _random_origin()
         parents = self._parents(cache, rng)
         if parents is None:
             origin["params"] = random_child()
@@ -509,3 +499,8 @@ class EvolutionarySampler(BaseSampler):
         origin.update(operation="random", parent=None, second_parent=None)
         origin["params"] = random_child()
         return origin
+
+
+def _random_origin() -> dict[str, Any]:
+    """The origin record of a child drawn at random; breeding fills in its parents."""
+    return {"operation": "random", "parent": None, "second_parent": None, "level": None}
