@@ -1,8 +1,8 @@
-"""What the supernet benchmarks share: the candidates and the stage fine-tuning recipe."""
+"""What the supernet benchmarks share: the candidates, the supernet and the stage fine-tuning
+recipe."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 import math
 from typing import Any
 
@@ -25,43 +25,70 @@ def sample_architectures(space: Any, n: int, seed: int) -> list[Any]:
     return archs
 
 
-def finetune(
-    model: Any,
-    data: Any,
-    stages: Sequence[tuple[str, int, float]],
-    *,
-    seed: int,
-    batch_size: int = 32,
-    cosine: Sequence[str] = ("medium",),
-) -> dict[str, tuple[float, float]]:
-    """Fine-tune ``model`` (inherited weights) through ``stages`` of (name, epochs, lr) with
-    Adam; a stage named in ``cosine`` anneals its lr to 0 with weight decay 1e-4 (the
-    stand-alone recipe). Every candidate sees the same batch order for a given ``seed``
-    (common random numbers). Returns ``{stage: (valid accuracy, valid log-loss)}``.
+def train_supernet(
+    space: Any, data: Any, *, epochs: int, paths: int, seed: int, sampling: str = "fair"
+) -> Any:
+    """The benchmarks' supernet: Adam lr 1e-2, batch 32, ``paths`` paths per batch; returns
+    the trained ``SupernetTrainer``."""
+    from optuna_hpcnas.supernet import SuperNet
+    from optuna_hpcnas.supernet import SupernetTrainer
+    from optuna_hpcnas.supernet import SupernetTrainingConfig
+
+    net = SuperNet(space, input_shape=data.input_shape, num_classes=data.num_classes)
+    trainer = SupernetTrainer(
+        net,
+        SupernetTrainingConfig(
+            paths_per_batch=paths,
+            sampling=sampling,
+            epochs=epochs,
+            batch_size=32,
+            lr=0.01,
+            weight_decay=0.0,
+            seed=seed,
+        ),
+    )
+    trainer.fit(data.train)
+    return trainer
+
+
+class FineTuning:
+    """Stage-by-stage fine-tuning of one candidate (inherited weights) with Adam.
+
+    One optimizer and one batch-order generator live across the stages, so a promoted
+    candidate continues where its last stage ended. Every candidate sees the same batch order
+    for a given ``seed`` (common random numbers).
     """
-    import torch
 
-    from optuna_hpcnas.data import iterate_batches
-    from optuna_hpcnas.evaluation import evaluate
-    from optuna_hpcnas.supernet import train_step
+    def __init__(self, model: Any, data: Any, *, seed: int, batch_size: int = 32) -> None:
+        import torch
 
-    optimizer = torch.optim.Adam(model.parameters(), lr=stages[0][2])
-    generator = torch.Generator().manual_seed(seed)
-    per_epoch = math.ceil(len(data.train) / batch_size)
-    out = {}
-    for name, epochs, lr in stages:
-        anneal = name in cosine
-        for group in optimizer.param_groups:
+        self.model = model
+        self.data = data
+        self.batch_size = batch_size
+        self.optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def stage(self, epochs: int, lr: float, *, anneal: bool) -> tuple[float, float]:
+        """``epochs`` epochs at ``lr``; ``anneal``: the lr falls to 0 on a cosine with weight
+        decay 1e-4 (the stand-alone recipe). Returns (valid accuracy, valid log-loss)."""
+        from optuna_hpcnas.data import iterate_batches
+        from optuna_hpcnas.evaluation import evaluate
+        from optuna_hpcnas.supernet import train_step
+
+        for group in self.optimizer.param_groups:
             group["lr"] = lr
             group["weight_decay"] = 1e-4 if anneal else 0.0
-        steps, step = epochs * per_epoch, 0
+        steps = epochs * math.ceil(len(self.data.train) / self.batch_size)
+        step = 0
         for _ in range(epochs):
-            model.train()
-            for x, y in iterate_batches(data.train, batch_size, shuffle=True, generator=generator):
+            self.model.train()
+            batches = iterate_batches(
+                self.data.train, self.batch_size, shuffle=True, generator=self.generator
+            )
+            for x, y in batches:
                 if anneal:
-                    for group in optimizer.param_groups:
+                    for group in self.optimizer.param_groups:
                         group["lr"] = 0.5 * lr * (1.0 + math.cos(math.pi * step / steps))
-                train_step(model, optimizer, x, y, [None], grad_clip=5.0)
+                train_step(self.model, self.optimizer, x, y, [None], grad_clip=5.0)
                 step += 1
-        out[name] = evaluate(model, data.valid)
-    return out
+        return evaluate(self.model, self.data.valid)

@@ -41,8 +41,9 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
 
-    from _supernet_common import finetune
+    from _supernet_common import FineTuning
     from _supernet_common import sample_architectures
+    from _supernet_common import train_supernet
     from scipy import stats
     import torch
 
@@ -50,9 +51,6 @@ def main() -> None:
     from optuna_hpcnas.data import load_digits_task
     from optuna_hpcnas.evaluation import evaluate
     from optuna_hpcnas.evaluation import train_from_scratch
-    from optuna_hpcnas.supernet import SuperNet
-    from optuna_hpcnas.supernet import SupernetTrainer
-    from optuna_hpcnas.supernet import SupernetTrainingConfig
 
     torch.set_num_threads(1)
     space = HierarchicalSearchSpace.preset("digits-small")
@@ -60,23 +58,16 @@ def main() -> None:
     archs = sample_architectures(space, args.archs, args.seed)
 
     t0 = time.perf_counter()
-    net = SuperNet(space, input_shape=data.input_shape, num_classes=data.num_classes)
-    trainer = SupernetTrainer(
-        net,
-        SupernetTrainingConfig(
-            paths_per_batch=args.paths,
-            sampling=args.sampling,
-            epochs=args.supernet_epochs,
-            batch_size=32,
-            lr=0.01,
-            weight_decay=0.0,
-            seed=args.seed,
-        ),
+    trainer = train_supernet(
+        space,
+        data,
+        epochs=args.supernet_epochs,
+        paths=args.paths,
+        seed=args.seed,
+        sampling=args.sampling,
     )
-    trainer.fit(data.train)
     supernet_seconds = time.perf_counter() - t0
 
-    stages = [("quick", args.quick_epochs, 1e-3), ("medium", args.medium_epochs, args.medium_lr)]
     scores: dict[str, list[float]] = {"inherited": [], "quick": [], "medium": []}
     seconds = {"inherited": 0.0, "fine-tuning": 0.0}
     for arch in archs:
@@ -84,8 +75,9 @@ def main() -> None:
         model = trainer.calibrated_subnet(arch, data.train)
         scores["inherited"].append(evaluate(model, data.valid)[1])
         t1 = time.perf_counter()
-        for stage, (_, loss) in finetune(model, data, stages, seed=args.seed).items():
-            scores[stage].append(loss)
+        tuning = FineTuning(model, data, seed=args.seed)
+        scores["quick"].append(tuning.stage(args.quick_epochs, 1e-3, anneal=False)[1])
+        scores["medium"].append(tuning.stage(args.medium_epochs, args.medium_lr, anneal=True)[1])
         seconds["inherited"] += t1 - t0
         seconds["fine-tuning"] += time.perf_counter() - t1
 

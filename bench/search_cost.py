@@ -5,10 +5,11 @@ vs training every candidate from scratch, and what each search picks.
   of ``ranking_fidelity.py``: 5 epochs, Adam, cosine lr), the best validation log-loss wins.
 * Weight sharing: the supernet trained once; every architecture scored with inherited weights
   (BatchNorm recalibrated); the best ``1/eta`` go through the quick stage (1 epoch) and the
-  best ``1/eta`` of those through the medium stage (4 epochs, cosine); the best medium score
-  wins.
+  best ``1/eta`` of those go on through the medium stage (4 more epochs, cosine); the best
+  medium score wins.
 
-Both are timed on one CPU thread in the same run; the table gives the wall time, the ratio,
+Both are timed on one CPU thread in the same run (or the from-scratch half is read from
+``--scratch-cache``); the table gives the wall time, the ratio,
 and the rank of each pick among the from-scratch results (1 = the best of the space). It also
 prints the rank correlation of the inherited scores with the from-scratch ones over the space.
 
@@ -46,8 +47,9 @@ def main() -> None:
     )
     args = parser.parse_args()
 
-    from _supernet_common import finetune
+    from _supernet_common import FineTuning
     from _supernet_common import sample_architectures
+    from _supernet_common import train_supernet
     import numpy as np
     from scipy import stats
     import torch
@@ -56,9 +58,6 @@ def main() -> None:
     from optuna_hpcnas.data import load_digits_task
     from optuna_hpcnas.evaluation import evaluate
     from optuna_hpcnas.evaluation import train_from_scratch
-    from optuna_hpcnas.supernet import SuperNet
-    from optuna_hpcnas.supernet import SupernetTrainer
-    from optuna_hpcnas.supernet import SupernetTrainingConfig
 
     torch.set_num_threads(1)
     space = HierarchicalSearchSpace.preset("digits-small")
@@ -69,20 +68,9 @@ def main() -> None:
 
     # ---- weight sharing
     t0 = time.perf_counter()
-    net = SuperNet(space, input_shape=data.input_shape, num_classes=data.num_classes)
-    trainer = SupernetTrainer(
-        net,
-        SupernetTrainingConfig(
-            paths_per_batch=args.paths,
-            sampling="fair",
-            epochs=args.supernet_epochs,
-            batch_size=32,
-            lr=0.01,
-            weight_decay=0.0,
-            seed=args.seed,
-        ),
+    trainer = train_supernet(
+        space, data, epochs=args.supernet_epochs, paths=args.paths, seed=args.seed
     )
-    trainer.fit(data.train)
     supernet_seconds = time.perf_counter() - t0
     t0 = time.perf_counter()
     inherited = np.array(
@@ -92,18 +80,16 @@ def main() -> None:
     keep = max(1, len(archs) // args.eta)
     quick_set = [int(i) for i in np.argsort(inherited)[:keep]]
     t0 = time.perf_counter()
-    quick = {}
+    tuning, quick = {}, {}
     for i in quick_set:
         model = trainer.calibrated_subnet(archs[i], data.train)
-        quick[i] = finetune(model, data, [("quick", 1, 1e-3)], seed=args.seed)["quick"][1]
+        tuning[i] = FineTuning(model, data, seed=args.seed)
+        quick[i] = tuning[i].stage(1, 1e-3, anneal=False)[1]
     quick_seconds = time.perf_counter() - t0
+    # The promoted candidates go on from their quick stage, as StagedPruner trials do.
     medium_set = sorted(quick, key=quick.__getitem__)[: max(1, keep // args.eta)]
     t0 = time.perf_counter()
-    medium = {}
-    for i in medium_set:
-        model = trainer.calibrated_subnet(archs[i], data.train)
-        stages = [("quick", 1, 1e-3), ("medium", args.medium_epochs, 1e-2)]
-        medium[i] = finetune(model, data, stages, seed=args.seed)["medium"][1]
+    medium = {i: tuning[i].stage(args.medium_epochs, 1e-2, anneal=True)[1] for i in medium_set}
     medium_seconds = time.perf_counter() - t0
     shared_pick = min(medium, key=medium.__getitem__)
 
@@ -146,7 +132,7 @@ def main() -> None:
         (f"+ inherited score of all {n}", inherited_seconds),
         (f"+ quick stage (1 epoch) for the best {len(quick_set)}", quick_seconds),
         (
-            f"+ medium stage ({1 + args.medium_epochs} epochs) for {len(medium_set)}",
+            f"+ medium stage ({args.medium_epochs} more epochs) for {len(medium_set)}",
             medium_seconds,
         ),
     )
