@@ -2,9 +2,11 @@
 
 1. Ranking fidelity: Kendall tau and Spearman rho between the supernet scores of N
    ``digits-small`` architectures at each stage (inherited weights; after the quick stage;
-   after the medium stage) and their stand-alone training from scratch. The reference is the
-   mean validation log-loss of ``--reference-seeds`` stand-alone trainings (as NAS-Bench-201
-   averages seeds); one more stand-alone seed, scored against the same reference, is the
+   after the medium stage) and stand-alone training from scratch as long as the medium stage
+   (``--scratch-epochs``); ``--full-epochs N`` adds a reference of N-epoch trainings (the
+   full stage: the source articles measure their stages against the final ranking).
+   Each reference is the mean validation log-loss of ``--reference-seeds`` trainings (as
+   NAS-Bench-201 averages seeds); one more seed, scored against the same reference, is the
    peer: what training every candidate from scratch once would reach.
 2. Search cost: wall time of the weight-sharing evaluation (supernet training once, then each
    candidate's stages) vs training every candidate from scratch once. ``search_cost.py`` does
@@ -34,6 +36,12 @@ def main() -> None:
     parser.add_argument("--paths", type=int, default=5)
     parser.add_argument("--sampling", default="fair", choices=("uniform", "fair"))
     parser.add_argument("--scratch-epochs", type=int, default=5)
+    parser.add_argument(
+        "--full-epochs",
+        type=int,
+        default=0,
+        help="also rank against stand-alone training this long (the full stage; 0: skip)",
+    )
     parser.add_argument("--quick-epochs", type=int, default=1)
     parser.add_argument("--medium-epochs", type=int, default=4)
     parser.add_argument("--medium-lr", type=float, default=3e-3)
@@ -81,27 +89,28 @@ def main() -> None:
         seconds["inherited"] += t1 - t0
         seconds["fine-tuning"] += time.perf_counter() - t1
 
-    runs = []
-    scratch_seconds = 0.0
-    for k in range(args.reference_seeds + 1):
-        t0 = time.perf_counter()
-        runs.append(
-            [
-                train_from_scratch(
-                    space,
-                    a,
-                    data,
-                    epochs=args.scratch_epochs,
-                    seed=args.seed + k,
-                    latency_repeats=0,
-                )["valid_loss"]
-                for a in archs
-            ]
-        )
-        if k == 0:
-            scratch_seconds = time.perf_counter() - t0
-    reference = np.mean(runs[: args.reference_seeds], axis=0)
-    first, peer = runs[0], runs[-1]
+    def scratch_runs(epochs: int) -> tuple[list[list[float]], float]:
+        """Validation log-losses of every candidate for each of the reference seeds and the
+        peer seed; and the seconds of the first seed."""
+        runs, first_seconds = [], 0.0
+        for k in range(args.reference_seeds + 1):
+            t0 = time.perf_counter()
+            runs.append(
+                [
+                    train_from_scratch(
+                        space, a, data, epochs=epochs, seed=args.seed + k, latency_repeats=0
+                    )["valid_loss"]
+                    for a in archs
+                ]
+            )
+            if k == 0:
+                first_seconds = time.perf_counter() - t0
+        return runs, first_seconds
+
+    short_runs, scratch_seconds = scratch_runs(args.scratch_epochs)
+    references = [(args.scratch_epochs, short_runs)]
+    if args.full_epochs:
+        references.insert(0, (args.full_epochs, scratch_runs(args.full_epochs)[0]))
 
     n = len(archs)
     print(
@@ -109,35 +118,38 @@ def main() -> None:
         f"({args.sampling}); fine-tuning with Adam, the same batch order for every "
         f"candidate: quick lr 1e-3, medium lr {args.medium_lr:g} annealed to 0"
     )
-    print(
-        f"Ranking fidelity on {n} digits-small architectures vs stand-alone training "
-        f"({args.scratch_epochs} epochs): validation log-loss; reference = mean of "
-        f"{args.reference_seeds} seeds (one seed in the last columns)"
-    )
-    print(
-        f"{'stage':<22} {'epochs':>6} {'kendall tau':>11} {'spearman rho':>12} "
-        f"{'tau, 1 seed':>11} {'target':>8}"
-    )
-    epochs_of = {"inherited": 0, "quick": args.quick_epochs}
-    epochs_of["medium"] = args.quick_epochs + args.medium_epochs
-    for stage, values in scores.items():
-        target = "tau>=0.6" if stage == "medium" else ""
+    epochs_of = {
+        "inherited": 0,
+        "quick": args.quick_epochs,
+        "medium": args.quick_epochs + args.medium_epochs,
+    }
+    for epochs, runs in references:
+        reference = np.mean(runs[: args.reference_seeds], axis=0)
+        first = runs[0]
         print(
-            f"{stage:<22} {epochs_of[stage]:>6} "
-            f"{stats.kendalltau(values, reference).statistic:>11.3f} "
-            f"{stats.spearmanr(values, reference).statistic:>12.3f} "
-            f"{stats.kendalltau(values, first).statistic:>11.3f} {target:>8}"
+            f"\nRanking fidelity on {n} digits-small architectures vs stand-alone training "
+            f"for {epochs} epochs: validation log-loss; reference = mean of "
+            f"{args.reference_seeds} seeds (one seed in the last column)"
         )
-    label = "from scratch, 1 seed*"
+        print(
+            f"{'stage':<26} {'epochs':>6} {'kendall tau':>11} {'spearman rho':>12} "
+            f"{'tau, 1 seed':>11} {'target':>8}"
+        )
+        rows = [(stage, epochs_of[stage], values) for stage, values in scores.items()]
+        peer_seed = args.seed + args.reference_seeds
+        for peer_epochs, peer_runs in references[::-1]:
+            rows.append((f"from scratch, seed {peer_seed}*", peer_epochs, peer_runs[-1]))
+        for label, stage_epochs, values in rows:
+            target = "tau>=0.6" if label == "medium" else ""
+            print(
+                f"{label:<26} {stage_epochs:>6} "
+                f"{stats.kendalltau(values, reference).statistic:>11.3f} "
+                f"{stats.spearmanr(values, reference).statistic:>12.3f} "
+                f"{stats.kendalltau(values, first).statistic:>11.3f} {target:>8}"
+            )
     print(
-        f"{label:<22} {args.scratch_epochs:>6} "
-        f"{stats.kendalltau(peer, reference).statistic:>11.3f} "
-        f"{stats.spearmanr(peer, reference).statistic:>12.3f} "
-        f"{stats.kendalltau(peer, first).statistic:>11.3f}"
-    )
-    print(
-        f"* seed {args.seed + args.reference_seeds}, not in the reference: the peer, and the "
-        "noise ceiling of any one training"
+        "* a seed not in the references: the peer (training every candidate from scratch "
+        "once), and the noise ceiling of any one training"
     )
 
     print(f"\nSearch cost for the same {n} candidates (one CPU thread)")
