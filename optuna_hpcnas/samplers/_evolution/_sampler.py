@@ -409,7 +409,7 @@ class EvolutionarySampler(BaseSampler):
             origin["operation"] = "neighbour"
             origin["params"] = fresh[int(rng.integers(len(fresh)))]
             return origin
-        origin.update(operation="random", parent=None, second_parent=None)
+        origin = _random_origin()
         if avoid and cache.space_cardinality <= _ENUMERABLE:
             # A small space: draw exactly among the architectures never seen.
             left = cache.unseen(
@@ -496,7 +496,7 @@ class EvolutionarySampler(BaseSampler):
             if unseen(params):
                 origin["params"] = params
                 return origin
-        origin.update(operation="random", parent=None, second_parent=None)
+        origin = _random_origin()
         origin["params"] = random_child()
         return origin
 
