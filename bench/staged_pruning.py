@@ -10,10 +10,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+from pathlib import Path
+import sys
 import time
 from typing import Any
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 def main() -> None:
@@ -74,7 +77,7 @@ def run(
 ) -> tuple[int, int, float]:
     """One comparison; returns (epochs of the full evaluation, epochs of the StagedPruner,
     best accuracy of the full evaluation minus the StagedPruner's)."""
-    import numpy as np
+    from _supernet_common import sample_architectures
     import optuna
     import torch
 
@@ -93,14 +96,12 @@ def run(
     data = load_digits_task(seed=seed)
     plan = demo_plan() if plan_name == "demo" else StagePlan(scale=0.3)
     optimizer = "adam" if plan_name == "demo" else "sgd"
+    stages = list(plan.stages)
     if promote is not None:
-        stages = [dataclasses.replace(s, promote=promote) for s in plan.stages]
-        plan = StagePlan(stages, patience=plan.patience)
+        stages = [dataclasses.replace(s, promote=promote) for s in stages]
     if finetune_lr is not None:
-        stages = [plan.stages[0]] + [
-            dataclasses.replace(s, lr=finetune_lr) for s in plan.stages[1:]
-        ]
-        plan = StagePlan(stages, patience=plan.patience)
+        stages[1:] = [dataclasses.replace(s, lr=finetune_lr) for s in stages[1:]]
+    plan = dataclasses.replace(plan, stages=tuple(stages))
     last = plan.stages[-1].name
     objective = SupernetObjective(
         space,
@@ -124,12 +125,7 @@ def run(
         ),
     )
     objective.train_supernet()
-    rng = np.random.default_rng(seed)
-    candidates = []
-    while len(candidates) < n_candidates:
-        arch = space.sample(rng)
-        if arch not in candidates:
-            candidates.append(arch)
+    candidates = sample_architectures(space, n_candidates, seed)
 
     rows = {}
     for name, pruner in (
