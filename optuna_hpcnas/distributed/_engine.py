@@ -266,7 +266,8 @@ class TrainEngine:
             group["lr"] = lr
 
     def train_step(self, batches: Iterator[Batch]) -> float:
-        """One optimizer step: ``micro_batches`` micro-batches for a pipeline, one otherwise."""
+        """One micro-batch (plain, data parallel: an optimizer step every
+        ``micro_batches`` calls) or, for a pipeline, ``micro_batches`` of them and a step."""
         import torch
 
         if self.kind == "pipeline":
@@ -331,9 +332,9 @@ def _optimizer(
         return torch.optim.SGD(
             params, lr=lr, momentum=momentum, nesterov=momentum > 0, weight_decay=weight_decay
         )
-    if name != "adamw":
-        raise ValueError(f"`optimizer` is {name!r}, but must be 'adamw' or 'sgd'.")
-    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+    if name != "adam":
+        raise ValueError(f"`optimizer` is {name!r}, but must be 'adam' or 'sgd'.")
+    return torch.optim.Adam(params, lr=lr, weight_decay=weight_decay)
 
 
 def build_engine(
@@ -346,20 +347,28 @@ def build_engine(
     config: DistributedConfig,
     lr: float,
     weight_decay: float = 0.0,
-    optimizer: str = "adamw",
+    optimizer: str = "adam",
     momentum: float = 0.9,
     device: str = "cpu",
     group_rank: int = 0,
+    precision: str = "fp32",
+    accumulation_steps: int | None = None,
 ) -> TrainEngine:
     """An engine over copies of ``layers`` (the originals are left untouched until
     ``copy_back``). The torch world (``TorchWorld.ensure``) must already hold exactly
     ``data_parallel * pipeline_stages`` ranks unless the plain path is used.
+
+    ``accumulation_steps`` micro-batches of ``micro_batch_size`` make one optimizer step
+    (DeepSpeed's ``gradient_accumulation_steps``; default: 2 x stages for a pipeline, 1
+    otherwise).
     """
     import torch
 
-    if config.precision == "fp16" and device != "cuda":
+    if precision not in ("fp32", "bf16", "fp16"):
+        raise ValueError(f"`precision` is {precision!r}, but must be 'fp32', 'bf16' or 'fp16'.")
+    if precision == "fp16" and device != "cuda":
         raise ValueError("`precision` is 'fp16', which needs a GPU; use 'bf16' or 'fp32' on CPU.")
-    autocast = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[config.precision]
+    autocast = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
     n = len(layers)
     copies = [copy.deepcopy(layer).to(device) for layer in layers]
     use_ds = config.engine == "deepspeed" or data_parallel * pipeline_stages > 1
@@ -406,7 +415,7 @@ def build_engine(
         from deepspeed.pipe import PipelineModule
         from deepspeed.runtime.pipe.topology import PipeDataParallelTopology
 
-        micro = config.pipeline_micro_batches or 2 * pipeline_stages
+        micro = accumulation_steps or 2 * pipeline_stages
         ds_config["gradient_accumulation_steps"] = micro
         topo = PipeDataParallelTopology(num_pp=pipeline_stages, num_dp=data_parallel)
         module = PipelineModule(
@@ -425,8 +434,8 @@ def build_engine(
         kind = "pipeline"
     else:
         module = torch.nn.Sequential(*run_layers)
-        micro = 1
-        ds_config["gradient_accumulation_steps"] = 1
+        micro = accumulation_steps or 1
+        ds_config["gradient_accumulation_steps"] = micro
         owners = [0] * n
         local = range(n)
         kind = "data"

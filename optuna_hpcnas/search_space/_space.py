@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from enum import Enum
 import itertools
 import json
-import math
 from typing import Any
 from typing import TYPE_CHECKING
 
@@ -666,8 +665,3 @@ class HierarchicalSearchSpace:
         if name not in PRESETS:
             raise ValueError(f"Unknown preset {name!r}; available: {sorted(PRESETS)}.")
         return cls(**{**PRESETS[name], **overrides})
-
-
-def log10_cardinality(space: HierarchicalSearchSpace) -> float:
-    """``log10`` of the number of architectures (for reporting large spaces)."""
-    return math.log10(space.cardinality())
