@@ -744,63 +744,36 @@ def _add_study_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="a nas.toml whose [study] gives storage and name")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="hpcnas",
-        description="Neural architecture search with Optuna, from a laptop to an HPC cluster.",
-    )
-    parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output")
-    parser.add_argument("-q", "--quiet", action="store_true", help="warnings and errors only")
-    from optuna_hpcnas import __version__
-
-    parser.add_argument("--version", action="version", version=f"optuna-hpcnas {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-
-    p = sub.add_parser(
-        "init", help="write a commented starter nas.toml", description="write a starter config"
-    )
+def _add_init_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="nas.toml", help="file to write (default: nas.toml)")
     p.add_argument("--force", action="store_true", help="overwrite an existing file")
 
-    for name, text in (
-        ("run", "run a search from a TOML config"),
-        ("resume", "continue a stopped search (same config)"),
-    ):
-        p = sub.add_parser(name, help=text, description=text)
-        p.add_argument("--config", required=True, help="the search's nas.toml")
-        p.add_argument(
-            "--set",
-            action="append",
-            metavar="KEY=VALUE",
-            help="override a config value, e.g. --set study.n_trials=20 (repeatable)",
-        )
-        p.add_argument("--n-trials", type=int, help="same as --set study.n_trials=N")
-        p.add_argument("--storage", help=f"storage URL (default: config, then ${STORAGE_ENV})")
-        p.add_argument("--study-name", help="study name (default: from the config)")
-        p.add_argument("--no-progress", action="store_true", help="no progress display")
 
-    p = sub.add_parser(
-        "status",
-        help="progress, trials by state, utilisation",
-        description="progress, trials by state, throughput and per-rank compute share",
+def _add_run_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", required=True, help="the search's nas.toml")
+    p.add_argument(
+        "--set",
+        action="append",
+        metavar="KEY=VALUE",
+        help="override a config value, e.g. --set study.n_trials=20 (repeatable)",
     )
+    p.add_argument("--n-trials", type=int, help="same as --set study.n_trials=N")
+    p.add_argument("--storage", help=f"storage URL (default: config, then ${STORAGE_ENV})")
+    p.add_argument("--study-name", help="study name (default: from the config)")
+    p.add_argument("--no-progress", action="store_true", help="no progress display")
+
+
+def _add_status_args(p: argparse.ArgumentParser) -> None:
     _add_study_args(p)
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
-    p = sub.add_parser(
-        "best",
-        help="top architectures, or the Pareto front",
-        description="top architectures (single objective) or the Pareto front",
-    )
-    _add_study_args(p)
+
+def _add_best_args(p: argparse.ArgumentParser) -> None:
+    _add_status_args(p)
     p.add_argument("--top", type=int, default=5, help="how many (single objective)")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
 
-    text = (
-        "train the best architecture (retrained from scratch by default) and write it as a "
-        "torch.export program and ONNX; prints its held-out test accuracy"
-    )
-    p = sub.add_parser("export", help="the best architecture, trained, as files", description=text)
+
+def _add_export_args(p: argparse.ArgumentParser) -> None:
     _add_study_args(p)
     p.add_argument("--trial", type=int, help="export this trial instead of the best")
     p.add_argument("--out", default="hpcnas-export", help="output directory")
@@ -823,11 +796,8 @@ def build_parser() -> argparse.ArgumentParser:
         "(default: the study's newest supernet checkpoint)",
     )
 
-    p = sub.add_parser(
-        "dashboard",
-        help="optuna-dashboard on the study's storage",
-        description="serve optuna-dashboard (with the checkpoints as artifacts)",
-    )
+
+def _add_dashboard_args(p: argparse.ArgumentParser) -> None:
     _add_study_args(p)
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8080, help="port (default 8080)")
@@ -838,11 +808,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="recompute the Pareto-front and trajectory plots before serving",
     )
 
-    p = sub.add_parser(
-        "template",
-        help="write a Slurm / mpirun / Kubernetes / Grafana file",
-        description="write a launch or operations file",
-    )
+
+def _add_template_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "kind",
         choices=["slurm", "mpirun", "mpijob", "grafana", "prometheus", "all"],
@@ -856,6 +823,59 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--time", default="24:00:00", help="Slurm time limit")
     p.add_argument("--partition", help="Slurm partition")
     p.add_argument("--account", help="Slurm account")
+
+
+# name -> (one-line help, description, argument adder)
+_SUBCOMMANDS: dict[str, tuple[str, str, Any]] = {
+    "init": ("write a commented starter nas.toml", "write a starter config", _add_init_args),
+    "run": ("run a search from a TOML config", "run a search from a TOML config", _add_run_args),
+    "resume": (
+        "continue a stopped search (same config)",
+        "run exactly the trials a stopped search left",
+        _add_run_args,
+    ),
+    "status": (
+        "progress, trials by state, utilisation",
+        "progress, trials by state, throughput and per-rank compute share",
+        _add_status_args,
+    ),
+    "best": (
+        "top architectures, or the Pareto front",
+        "top architectures (single objective) or the Pareto front",
+        _add_best_args,
+    ),
+    "export": (
+        "the best architecture, trained, as files",
+        "train the best architecture (retrained from scratch by default) and write it as a "
+        "torch.export program and ONNX; prints its held-out test accuracy",
+        _add_export_args,
+    ),
+    "dashboard": (
+        "optuna-dashboard on the study's storage",
+        "serve optuna-dashboard (with the checkpoints as artifacts)",
+        _add_dashboard_args,
+    ),
+    "template": (
+        "write a Slurm / mpirun / Kubernetes / Grafana file",
+        "write a launch or operations file",
+        _add_template_args,
+    ),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from optuna_hpcnas import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="hpcnas",
+        description="Neural architecture search with Optuna, from a laptop to an HPC cluster.",
+    )
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output")
+    parser.add_argument("-q", "--quiet", action="store_true", help="warnings and errors only")
+    parser.add_argument("--version", action="version", version=f"optuna-hpcnas {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (text, description, add_arguments) in _SUBCOMMANDS.items():
+        add_arguments(sub.add_parser(name, help=text, description=description))
     return parser
 
 
