@@ -74,6 +74,8 @@ def parse_instances(body: bytes, input_shape: tuple[int, ...], max_instances: in
         data = json.loads(body, parse_constant=_reject_constant)
     except (ValueError, UnicodeDecodeError) as e:
         raise _BadRequest(400, f"The body is not valid JSON: {e}.") from None
+    except RecursionError:  # "[[[[..." deeper than Python's parser recurses
+        raise _BadRequest(400, "The body is not valid JSON: nested too deeply.") from None
     if not isinstance(data, dict) or "instances" not in data:
         raise _BadRequest(422, 'The body must be a JSON object with "instances".')
     instances = data["instances"]
@@ -98,7 +100,8 @@ def parse_instances(body: bytes, input_shape: tuple[int, ...], max_instances: in
             f"Each instance has shape {list(batch.shape[1:])}, but the model takes "
             f"{list(input_shape)} (or a flat list of {size} numbers).",
         )
-    batch = batch.astype(np.float32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        batch = batch.astype(np.float32)
     if not np.isfinite(batch).all():  # finite doubles may still overflow float32
         raise _BadRequest(422, "The instances must be finite float32 numbers.")
     return batch
