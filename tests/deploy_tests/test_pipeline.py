@@ -40,6 +40,7 @@ def test_report_json_matches_the_report(deployed: Any) -> None:
     assert stored["metadata"] == {"trial": 7}
     assert stored["export"]["opset"] >= 17
     assert stored["quantization"]["format"] == "QDQ"
+    assert stored["quantization"]["operators"] == ["Conv", "Gemm", "MatMul"]
     assert stored["threads"] == 1 and stored["throughput_batch"] == 64
     assert {"onnxruntime", "onnx", "torch"} <= set(stored["versions"])
     assert stored["holdout_size"] == len(deployed[3].test)
@@ -170,3 +171,40 @@ def test_onnx_latency(trained: Any) -> None:
     with pytest.raises(ValueError, match="`input_shape`"):
         onnx_latency(net, (), repeats=1)
     assert np.isfinite(onnx_latency(net, (1, 8, 8), repeats=3))
+
+
+def test_attention_scores_stay_float(tmp_path: Path) -> None:
+    """Only weight-bearing operators are quantized: QLinearSoftmax was 10x slower."""
+    import onnx
+    from torch.utils.data import TensorDataset
+
+    from optuna_hpcnas import Architecture
+    from optuna_hpcnas import CellConfig
+    from optuna_hpcnas import ClusterConfig
+    from optuna_hpcnas import HierarchicalSearchSpace
+    from optuna_hpcnas.supernet import SuperNet
+
+    torch = pytest.importorskip("torch")
+    space = HierarchicalSearchSpace.preset("cifar-like")
+    arch = Architecture(
+        "chain",
+        (CellConfig("conv3x3", kernel=3, width=32), CellConfig("attention", heads=2))
+        + tuple(CellConfig("identity") for _ in range(6)),
+        ClusterConfig(1, 1, 32),
+    )
+    net = SuperNet(space, input_shape=(3, 8, 8), num_classes=10, seed=0).subnet(arch).eval()
+    x = torch.randn(64, 3, 8, 8, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        data = TensorDataset(x, net(x).argmax(1))
+    report = deploy_model(
+        net, out=tmp_path, input_shape=(3, 8, 8), calibration=data, holdout=data,
+        latency_repeats=3,
+    )  # fmt: skip
+    assert report.quantization["excluded_activation_matmuls"] >= 2  # q.k and scores.v
+    graph = onnx.load(str(tmp_path / "model.int8.onnx")).graph
+    ops = [n.op_type for n in graph.node]
+    assert "Softmax" in ops and ops.count("QuantizeLinear") >= 2
+    produced_by = {o: n.op_type for n in graph.node for o in n.output}
+    softmax = next(n for n in graph.node if n.op_type == "Softmax")
+    assert produced_by.get(softmax.input[0]) != "DequantizeLinear"
+    assert report.int8.accuracy >= 0.8  # agreement with the FP32 model's own labels

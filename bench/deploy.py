@@ -1,0 +1,201 @@
+"""Deployment benchmark: FP32 vs INT8 onnxruntime (and torch eager as a second peer).
+
+Two models go through ``optuna_hpcnas.deploy.deploy_model``:
+
+* digits: the digits demo's best architecture (``--digits-arch``), trained from scratch
+  (``--epochs`` of Adam with a cosine learning rate on the train split), verified on the test
+  split (359 images, never used for training), INT8 calibrated on the train split;
+* cifar-like: one architecture of ``preset("cifar-like")`` (``--cifar-seed``) with random
+  weights on 3x32x32 inputs; its "accuracy" is the top-1 agreement with the FP32 model on
+  random inputs (labels = FP32 argmax), so FP32 is 1 by construction.
+
+Printed per model: batch-1 latency p50/p99 (ms), throughput at batch 64 (samples/s), bytes,
+accuracy; then the whole ``deploy_model`` wall time. One thread everywhere.
+
+    python bench/deploy.py
+    python bench/deploy.py --epochs 30 --repeats 300 --cifar-seed 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+from pathlib import Path
+import tempfile
+import time
+from typing import Any
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+DEMO_BEST = "dense[conv3x3/w32 > conv3x3/w32 > dilconv3x3/w32]"
+
+
+def parse_arch(text: str) -> Any:
+    """``topology[op/wN > op > ...]`` (``Architecture.describe`` without the cluster part)."""
+    from optuna_hpcnas import Architecture
+    from optuna_hpcnas import CellConfig
+    from optuna_hpcnas import ClusterConfig
+
+    topology, _, rest = text.partition("[")
+    cells = []
+    for part in rest.rstrip("]").split(">"):
+        op, *micro = part.strip().split("/")
+        widths = [int(m[1:]) for m in micro if m.startswith("w")]
+        cells.append(CellConfig(op, width=widths[0] if widths else None))
+    return Architecture(topology.strip(), tuple(cells), ClusterConfig(1, 1, 64))
+
+
+def train(space: Any, arch: Any, data: Any, *, epochs: int, seed: int) -> Any:
+    import torch
+    import torch.nn.functional as F
+
+    from optuna_hpcnas.data import iterate_batches
+    from optuna_hpcnas.supernet import SuperNet
+
+    net = SuperNet(space, input_shape=data.input_shape, num_classes=10, seed=seed).subnet(arch)
+    net.train()
+    optimizer = torch.optim.Adam(net.parameters(), lr=1e-2, weight_decay=1e-4)
+    steps = epochs * math.ceil(len(data.train) / 32)
+    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, max(steps, 1))
+    generator = torch.Generator().manual_seed(seed)
+    for _ in range(epochs):
+        for x, y in iterate_batches(data.train, 32, shuffle=True, generator=generator):
+            optimizer.zero_grad()
+            F.cross_entropy(net(x), y).backward()
+            optimizer.step()
+            schedule.step()
+    return net.eval()
+
+
+def torch_row(net: Any, shape: tuple[int, ...], repeats: int) -> dict[str, float]:
+    import numpy as np
+    import torch
+
+    x1 = torch.randn(1, *shape)
+    x64 = torch.randn(64, *shape)
+    times = []
+    with torch.no_grad():
+        for i in range(repeats + 10):
+            start = time.perf_counter()
+            net(x1)
+            if i >= 10:
+                times.append(time.perf_counter() - start)
+        net(x64)
+        runs, start = 0, time.perf_counter()
+        while time.perf_counter() - start < 0.5 or runs < 3:
+            net(x64)
+            runs += 1
+        tput = runs * 64 / (time.perf_counter() - start)
+    return {
+        "p50": float(np.percentile(times, 50)) * 1e3,
+        "p99": float(np.percentile(times, 99)) * 1e3,
+        "tput": tput,
+    }
+
+
+def agreement_holdout(net: Any, shape: tuple[int, ...], n: int, seed: int) -> Any:
+    import torch
+    from torch.utils.data import TensorDataset
+
+    x = torch.randn(n, *shape, generator=torch.Generator().manual_seed(seed))
+    with torch.no_grad():
+        y = net(x).argmax(1)
+    return TensorDataset(x, y)
+
+
+def run_one(label: str, net: Any, shape: tuple[int, ...], calib: Any, hold: Any, args: Any):
+    from optuna_hpcnas.deploy import deploy_model
+
+    with tempfile.TemporaryDirectory() as tmp:
+        start = time.perf_counter()
+        report = deploy_model(
+            net,
+            out=Path(tmp) / label,
+            input_shape=shape,
+            calibration=calib,
+            holdout=hold,
+            name=label,
+            latency_repeats=args.repeats,
+        )
+        wall = time.perf_counter() - start
+    return report, wall, torch_row(net, shape, args.repeats)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--digits-arch", default=DEMO_BEST)
+    parser.add_argument("--epochs", type=int, default=30)
+    parser.add_argument("--cifar-seed", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=300, help="timed batch-1 runs")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+
+    import numpy as np
+    import torch
+
+    from optuna_hpcnas import HierarchicalSearchSpace
+    from optuna_hpcnas.data import load_digits_task
+    from optuna_hpcnas.evaluation import evaluate
+    from optuna_hpcnas.supernet import SuperNet
+
+    torch.set_num_threads(1)
+    results = []
+
+    digits = load_digits_task(seed=args.seed)
+    space = HierarchicalSearchSpace.preset("digits-small")
+    arch = parse_arch(args.digits_arch)
+    start = time.perf_counter()
+    net = train(space, arch, digits, epochs=args.epochs, seed=args.seed)
+    train_s = time.perf_counter() - start
+    torch_acc, _ = evaluate(net, digits.test)
+    report, wall, eager = run_one("digits", net, (1, 8, 8), digits.train, digits.test, args)
+    eager["acc"] = torch_acc
+    results.append(("digits", arch.describe(), report, wall, eager))
+    print(f"digits: trained {args.epochs} epochs in {train_s:.1f} s")
+
+    cifar = HierarchicalSearchSpace.preset("cifar-like")
+    arch = cifar.sample(np.random.default_rng(args.cifar_seed))
+    shape = (3, 32, 32)
+    net = SuperNet(cifar, input_shape=shape, num_classes=10, seed=args.seed).subnet(arch).eval()
+    calib = agreement_holdout(net, shape, 256, args.seed + 1)
+    hold = agreement_holdout(net, shape, 512, args.seed + 2)
+    report, wall, eager = run_one("cifar-like", net, shape, calib, hold, args)
+    eager["acc"] = 1.0
+    results.append(("cifar-like", arch.describe(), report, wall, eager))
+
+    header = (
+        f"{'model':11s} {'runtime':13s} {'p50 ms':>8s} {'p99 ms':>8s} {'tput/s b64':>11s} "
+        f"{'bytes':>10s} {'accuracy':>9s} {'p50 vs FP32':>12s} {'bytes vs FP32':>14s}"
+    )
+    print(header)
+    print("-" * len(header))
+    for label, _, report, _, eager in results:
+        fp32, int8 = report.fp32, report.int8
+        rows = [
+            ("torch eager", eager["p50"], eager["p99"], eager["tput"], None, eager["acc"]),
+            ("ort FP32", fp32.latency_p50_ms, fp32.latency_p99_ms, fp32.throughput,
+             fp32.bytes, fp32.accuracy),
+            ("ort INT8", int8.latency_p50_ms, int8.latency_p99_ms, int8.throughput,
+             int8.bytes, int8.accuracy),
+        ]  # fmt: skip
+        for runtime, p50, p99, tput, size, acc in rows:
+            size_text = "-" if size is None else str(size)
+            size_ratio = "-" if size is None else f"{size / fp32.bytes:.2f}"
+            print(
+                f"{label:11s} {runtime:13s} {p50:8.3f} {p99:8.3f} {tput:11.0f} {size_text:>10s} "
+                f"{acc:9.4f} {p50 / fp32.latency_p50_ms:12.2f} {size_ratio:>14s}"
+            )
+    print()
+    for label, described, report, wall, _ in results:
+        drop = (report.fp32.accuracy - report.int8.accuracy) * 100
+        print(
+            f"{label}: {described}; deploy_model wall {wall:.1f} s; INT8 accuracy change "
+            f"{-drop:+.2f} points; INT8 bytes {report.int8.bytes / report.fp32.bytes:.2f}x; "
+            f"INT8 throughput {report.int8.throughput / report.fp32.throughput:.2f}x FP32"
+        )
+    print(f"onnxruntime {results[0][2].versions['onnxruntime']}, 1 intra-op thread")
+
+
+if __name__ == "__main__":
+    main()
