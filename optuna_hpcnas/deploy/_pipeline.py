@@ -71,7 +71,8 @@ class DeployReport:
 
     ``throughput`` is samples per second at ``throughput_batch``; latencies are batch 1;
     ``threads`` is the intra-op thread count of every onnxruntime session measured;
-    ``max_abs_diff`` is the largest logit difference from the torch module on random inputs.
+    ``max_abs_diff`` is the largest logit difference from the torch module on random inputs;
+    ``timings`` are the seconds of each step.
     """
 
     name: str
@@ -93,6 +94,7 @@ class DeployReport:
     latency_repeats: int
     versions: dict[str, str]
     seconds: float
+    timings: dict[str, float]
     files: tuple[str, ...]
 
     def to_dict(self) -> dict[str, Any]:
@@ -295,22 +297,35 @@ def deploy_model(
         >>> print(report.format_table())  # doctest: +SKIP
     """
     start = time.perf_counter()
+    timings: dict[str, float] = {}
+    clock = [start]
+
+    def lap(step: str) -> None:
+        now = time.perf_counter()
+        timings[step] = round(now - clock[0], 3)
+        clock[0] = now
+
     shape = _check_arguments(input_shape, estimate, margin, target, name, latency_repeats, threads)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     (out / REPORT_FILE).unlink(missing_ok=True)  # a stale report would vouch for new files
     model.eval()
     export = _export_checked(model, out, shape, target)
+    lap("export_and_target_check")
     held = _onnx.dataset_arrays(holdout)
     fp32_accuracy = _onnx.accuracy(_onnx.session(out / FP32_FILE), *held)
     _verify(fp32_accuracy, estimate, margin, len(held[1]))
+    lap("verify")
     quantization = _onnx.quantize_int8(
         out / FP32_FILE, out / INT8_FILE, _calibration_inputs(calibration, shape, seed)
     )
-    figures = {
-        key: _figures(out / f, model, shape, held, threads=threads, repeats=latency_repeats)
-        for key, f in (("fp32", FP32_FILE), ("int8", INT8_FILE))
-    }
+    lap("quantize")
+    figures = {}
+    for key, file in (("fp32", FP32_FILE), ("int8", INT8_FILE)):
+        figures[key] = _figures(
+            out / file, model, shape, held, threads=threads, repeats=latency_repeats
+        )
+        lap(f"measure_{key}")
     if figures["int8"].accuracy < figures["fp32"].accuracy - margin:
         _logger.warning(
             "INT8 accuracy %.4f is more than %.4f below FP32 (%.4f): serve with --model fp32.",
@@ -341,6 +356,7 @@ def deploy_model(
         latency_repeats=latency_repeats,
         versions=versions,
         seconds=time.perf_counter() - start,
+        timings=timings,
         files=(*files, REPORT_FILE),
     )
     tmp = out / (REPORT_FILE + ".tmp")
