@@ -7,7 +7,10 @@ from collections.abc import Iterator
 import http.client
 import json
 from pathlib import Path
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from typing import Any
@@ -212,3 +215,56 @@ def test_serve_arguments() -> None:
     assert (args.port, args.host, args.model) == (9, "0.0.0.0", "fp32")
     with pytest.raises(SystemExit):
         parser.parse_args(["d", "--model", "fp16"])
+
+
+def test_serving_needs_no_torch(deployed: Any) -> None:
+    code = (
+        "import sys; from optuna_hpcnas.deploy import build_app; "
+        f"build_app({str(deployed[0])!r}); "
+        "assert 'torch' not in sys.modules, 'serving imported torch'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_serve_command_in_a_process(deployed: Any) -> None:
+    """The container's entry point: serve_command binds, answers, and stops on SIGTERM."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    code = (
+        "import argparse, sys; from optuna_hpcnas.deploy import add_serve_arguments, "
+        "serve_command; p = argparse.ArgumentParser(); add_serve_arguments(p); "
+        "sys.exit(serve_command(p.parse_args(sys.argv[1:])))"
+    )
+    args = [str(deployed[0]), "--port", str(port), "--name", "digits", "--model", "fp32"]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+                conn.request("GET", "/v1/models/digits")
+                response = conn.getresponse()
+                break
+            except OSError:
+                assert proc.poll() is None, proc.stdout.read().decode()  # type: ignore[union-attr]
+                assert time.monotonic() < deadline, "the server did not come up"
+                time.sleep(0.2)
+        assert response.status == 200
+        assert json.loads(response.read()) == {"name": "digits", "ready": True}
+        conn.close()
+    finally:
+        proc.terminate()
+        # uvicorn shuts down cleanly, then re-raises the signal it caught.
+        assert proc.wait(30) in (0, -signal.SIGTERM)
+
+
+def test_serve_command_reports_a_bad_directory(tmp_path: Path) -> None:
+    from optuna_hpcnas.deploy import serve_command
+
+    args = argparse.Namespace(
+        model_dir=str(tmp_path), host="127.0.0.1", port=1, name="model", model="int8"
+    )
+    assert serve_command(args) == 2
