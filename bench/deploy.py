@@ -10,7 +10,10 @@ Two models go through ``optuna_hpcnas.deploy.deploy_model``:
   random inputs (labels = FP32 argmax), so FP32 is 1 by construction.
 
 Printed per model: batch-1 latency p50/p99 (ms), throughput at batch 64 (samples/s), bytes,
-accuracy; then the whole ``deploy_model`` wall time. One thread everywhere.
+accuracy; then the whole ``deploy_model`` wall time and its steps. One thread everywhere. The
+speed columns are timed after ``deploy_model``, in ``--rounds`` alternating rounds of the
+three runtimes (median of the rounds), so that a busy shared machine slows all of them alike;
+``report.json`` holds ``deploy_model``'s own one-pass figures.
 
     python bench/deploy.py
     python bench/deploy.py --epochs 30 --repeats 300 --cifar-seed 3
@@ -68,30 +71,54 @@ def train(space: Any, arch: Any, data: Any, *, epochs: int, seed: int) -> Any:
     return net.eval()
 
 
-def torch_row(net: Any, shape: tuple[int, ...], repeats: int) -> dict[str, float]:
+def interleaved(
+    net: Any, out: Path, shape: tuple[int, ...], *, repeats: int, rounds: int
+) -> dict[str, dict[str, float]]:
+    """Batch-1 p50/p99 (ms) and batch-64 throughput of torch eager, ORT FP32 and ORT INT8,
+    measured in alternating rounds so that all three see the same load on a shared machine.
+    """
     import numpy as np
     import torch
 
-    x1 = torch.randn(1, *shape)
-    x64 = torch.randn(64, *shape)
-    times = []
-    with torch.no_grad():
-        for i in range(repeats + 10):
-            start = time.perf_counter()
-            net(x1)
-            if i >= 10:
-                times.append(time.perf_counter() - start)
-        net(x64)
-        runs, start = 0, time.perf_counter()
-        while time.perf_counter() - start < 0.5 or runs < 3:
-            net(x64)
-            runs += 1
-        tput = runs * 64 / (time.perf_counter() - start)
-    return {
-        "p50": float(np.percentile(times, 50)) * 1e3,
-        "p99": float(np.percentile(times, 99)) * 1e3,
-        "tput": tput,
+    from optuna_hpcnas.deploy._onnx import latency
+    from optuna_hpcnas.deploy._onnx import session
+    from optuna_hpcnas.deploy._onnx import throughput
+
+    sessions = {
+        "ort FP32": session(out / "model.onnx"),
+        "ort INT8": session(out / "model.int8.onnx"),
     }
+    x1, x64 = torch.randn(1, *shape), torch.randn(64, *shape)
+    samples: dict[str, list[float]] = {k: [] for k in ("torch eager", *sessions)}
+    tputs: dict[str, list[float]] = {k: [] for k in samples}
+    per_round = max(repeats // rounds, 5)
+    with torch.no_grad():
+        for _ in range(rounds):
+            for _ in range(5):
+                net(x1)
+            for _ in range(per_round):
+                start = time.perf_counter()
+                net(x1)
+                samples["torch eager"].append(time.perf_counter() - start)
+            runs, start = 0, time.perf_counter()
+            while time.perf_counter() - start < 0.3 or runs < 2:
+                net(x64)
+                runs += 1
+            tputs["torch eager"].append(runs * 64 / (time.perf_counter() - start))
+            for key, sess in sessions.items():
+                p50, p99 = latency(sess, shape, repeats=per_round, warmup=5)
+                samples[key].extend([p50, p99])  # per-round percentiles, pooled below
+                tputs[key].append(throughput(sess, shape, batch_size=64, min_seconds=0.3))
+    rows = {}
+    for key in samples:
+        values = np.asarray(samples[key])
+        if key == "torch eager":
+            p50, p99 = np.percentile(values, 50), np.percentile(values, 99)
+        else:  # alternating (p50, p99) pairs of each round: median of each
+            p50, p99 = np.median(values[0::2]), np.median(values[1::2])
+        rows[key] = {"p50": float(p50) * 1e3, "p99": float(p99) * 1e3}
+        rows[key]["tput"] = float(np.median(tputs[key]))
+    return rows
 
 
 def agreement_holdout(net: Any, shape: tuple[int, ...], n: int, seed: int) -> Any:
@@ -108,10 +135,11 @@ def run_one(label: str, net: Any, shape: tuple[int, ...], calib: Any, hold: Any,
     from optuna_hpcnas.deploy import deploy_model
 
     with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / label
         start = time.perf_counter()
         report = deploy_model(
             net,
-            out=Path(tmp) / label,
+            out=out,
             input_shape=shape,
             calibration=calib,
             holdout=hold,
@@ -119,7 +147,8 @@ def run_one(label: str, net: Any, shape: tuple[int, ...], calib: Any, hold: Any,
             latency_repeats=args.repeats,
         )
         wall = time.perf_counter() - start
-    return report, wall, torch_row(net, shape, args.repeats)
+        rows = interleaved(net, out, shape, repeats=args.repeats, rounds=args.rounds)
+    return report, wall, rows
 
 
 def main() -> None:
@@ -128,6 +157,7 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=30)
     parser.add_argument("--cifar-seed", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=300, help="timed batch-1 runs")
+    parser.add_argument("--rounds", type=int, default=5, help="alternating timing rounds")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
 
@@ -149,9 +179,10 @@ def main() -> None:
     net = train(space, arch, digits, epochs=args.epochs, seed=args.seed)
     train_s = time.perf_counter() - start
     torch_acc, _ = evaluate(net, digits.test)
-    report, wall, eager = run_one("digits", net, (1, 8, 8), digits.train, digits.test, args)
-    eager["acc"] = torch_acc
-    results.append(("digits", arch.describe(), report, wall, eager))
+    report, wall, timed = run_one("digits", net, (1, 8, 8), digits.train, digits.test, args)
+    accuracy = {"torch eager": torch_acc, "ort FP32": report.fp32.accuracy}
+    accuracy["ort INT8"] = report.int8.accuracy
+    results.append(("digits", arch.describe(), report, wall, timed, accuracy))
     print(f"digits: trained {args.epochs} epochs in {train_s:.1f} s")
 
     cifar = HierarchicalSearchSpace.preset("cifar-like")
@@ -160,9 +191,10 @@ def main() -> None:
     net = SuperNet(cifar, input_shape=shape, num_classes=10, seed=args.seed).subnet(arch).eval()
     calib = agreement_holdout(net, shape, 256, args.seed + 1)
     hold = agreement_holdout(net, shape, 512, args.seed + 2)
-    report, wall, eager = run_one("cifar-like", net, shape, calib, hold, args)
-    eager["acc"] = 1.0
-    results.append(("cifar-like", arch.describe(), report, wall, eager))
+    report, wall, timed = run_one("cifar-like", net, shape, calib, hold, args)
+    accuracy = {"torch eager": 1.0, "ort FP32": report.fp32.accuracy}
+    accuracy["ort INT8"] = report.int8.accuracy
+    results.append(("cifar-like", arch.describe(), report, wall, timed, accuracy))
 
     header = (
         f"{'model':11s} {'runtime':13s} {'p50 ms':>8s} {'p99 ms':>8s} {'tput/s b64':>11s} "
@@ -170,29 +202,27 @@ def main() -> None:
     )
     print(header)
     print("-" * len(header))
-    for label, _, report, _, eager in results:
-        fp32, int8 = report.fp32, report.int8
-        rows = [
-            ("torch eager", eager["p50"], eager["p99"], eager["tput"], None, eager["acc"]),
-            ("ort FP32", fp32.latency_p50_ms, fp32.latency_p99_ms, fp32.throughput,
-             fp32.bytes, fp32.accuracy),
-            ("ort INT8", int8.latency_p50_ms, int8.latency_p99_ms, int8.throughput,
-             int8.bytes, int8.accuracy),
-        ]  # fmt: skip
-        for runtime, p50, p99, tput, size, acc in rows:
+    for label, _, report, _, timed, accuracy in results:
+        sizes = {"torch eager": None, "ort FP32": report.fp32.bytes, "ort INT8": report.int8.bytes}
+        base = timed["ort FP32"]
+        for runtime, row in timed.items():
+            size = sizes[runtime]
             size_text = "-" if size is None else str(size)
-            size_ratio = "-" if size is None else f"{size / fp32.bytes:.2f}"
+            size_ratio = "-" if size is None else f"{size / report.fp32.bytes:.2f}"
             print(
-                f"{label:11s} {runtime:13s} {p50:8.3f} {p99:8.3f} {tput:11.0f} {size_text:>10s} "
-                f"{acc:9.4f} {p50 / fp32.latency_p50_ms:12.2f} {size_ratio:>14s}"
+                f"{label:11s} {runtime:13s} {row['p50']:8.3f} {row['p99']:8.3f} "
+                f"{row['tput']:11.0f} {size_text:>10s} {accuracy[runtime]:9.4f} "
+                f"{row['p50'] / base['p50']:12.2f} {size_ratio:>14s}"
             )
     print()
-    for label, described, report, wall, _ in results:
+    for label, described, report, wall, timed, _ in results:
         drop = (report.fp32.accuracy - report.int8.accuracy) * 100
+        tput = timed["ort INT8"]["tput"] / timed["ort FP32"]["tput"]
         print(
-            f"{label}: {described}; deploy_model wall {wall:.1f} s; INT8 accuracy change "
-            f"{-drop:+.2f} points; INT8 bytes {report.int8.bytes / report.fp32.bytes:.2f}x; "
-            f"INT8 throughput {report.int8.throughput / report.fp32.throughput:.2f}x FP32"
+            f"{label}: {described}; deploy_model wall {wall:.1f} s "
+            f"({', '.join(f'{k} {v:.1f}' for k, v in report.timings.items())}); "
+            f"INT8 accuracy change {-drop:+.2f} points; INT8 bytes "
+            f"{report.int8.bytes / report.fp32.bytes:.2f}x; INT8 throughput {tput:.2f}x FP32"
         )
     print(f"onnxruntime {results[0][2].versions['onnxruntime']}, 1 intra-op thread")
 
