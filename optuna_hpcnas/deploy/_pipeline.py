@@ -154,6 +154,7 @@ def _check_arguments(
 
 
 def _calibration_inputs(calibration: Dataset, shape: tuple[int, ...], seed: int) -> np.ndarray:
+    """A seeded subset of ``CALIBRATION_SAMPLES`` among the first four times as many."""
     inputs, _ = _onnx.dataset_arrays(calibration, limit=4 * CALIBRATION_SAMPLES)
     if inputs.shape[1:] != shape:
         raise ValueError(
@@ -326,13 +327,7 @@ def deploy_model(
             out / file, model, shape, held, threads=threads, repeats=latency_repeats
         )
         lap(f"measure_{key}")
-    if figures["int8"].accuracy < figures["fp32"].accuracy - margin:
-        _logger.warning(
-            "INT8 accuracy %.4f is more than %.4f below FP32 (%.4f): serve with --model fp32.",
-            figures["int8"].accuracy,
-            margin,
-            figures["fp32"].accuracy,
-        )
+    _warn_int8_accuracy(figures["fp32"].accuracy, figures["int8"].accuracy, margin)
     versions = _versions()
     files = [FP32_FILE, INT8_FILE]
     files += _write_container(out, name=name, image=image, ort_version=versions["onnxruntime"])
@@ -359,10 +354,26 @@ def deploy_model(
         timings=timings,
         files=(*files, REPORT_FILE),
     )
+    _write_report(out, report)
+    return report
+
+
+def _warn_int8_accuracy(fp32: float, int8: float, margin: float) -> None:
+    # Not a refusal: the FP32 model met the bar and is deployed too; the server can take it.
+    if int8 < fp32 - margin:
+        _logger.warning(
+            "INT8 accuracy %.4f is more than %.4f below FP32 (%.4f): serve with --model fp32.",
+            int8,
+            margin,
+            fp32,
+        )
+
+
+def _write_report(out: Path, report: DeployReport) -> None:
+    """``report.json`` through a temporary name: a report only ever describes whole files."""
     tmp = out / (REPORT_FILE + ".tmp")
     tmp.write_text(json.dumps(report.to_dict(), indent=2) + "\n")
     os.replace(tmp, out / REPORT_FILE)
-    return report
 
 
 def _tensorrt_status() -> str:
