@@ -52,7 +52,8 @@ def check_target(onnx_path: str | Path, target: str) -> list[str]:
 
     Example:
         >>> check_target("model.onnx", "npu-no-grouped")  # doctest: +SKIP
-        ["node '/1/op/Conv' (Conv) has group=32: the target 'npu-no-grouped' runs no ..."]
+        ["node 'node_Conv_190' (Conv) has group=32: target 'npu-no-grouped' runs no grouped
+        or depthwise convolutions"]
     """
     import numpy as np
     import onnx
