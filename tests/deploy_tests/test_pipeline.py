@@ -29,6 +29,14 @@ def test_deploy_writes_every_file(deployed: Any) -> None:
     ):
         assert (out / rel).is_file(), rel
     assert set(report.files) >= {"model.onnx", "model.int8.onnx", "report.json", "Dockerfile"}
+    # The container pins the onnxruntime that verified the model and serves this model name.
+    text = (out / "Dockerfile").read_text()
+    assert f'"onnxruntime=={report.versions["onnxruntime"]}"' in text
+    assert '"/models/digits", "--host", "0.0.0.0"' in text and '"--name", "digits"' in text
+    import yaml
+
+    values = yaml.safe_load((out / "chart/values.yaml").read_text())
+    assert values["modelName"] == "digits" and values["image"]["repository"] == "digits"
 
 
 def test_report_json_matches_the_report(deployed: Any) -> None:
@@ -114,6 +122,7 @@ def test_check_target(deployed: Any, tmp_path: Path) -> None:
     out, _, _, _ = deployed
     assert check_target(out / "model.onnx", "onnx-cpu") == []
     assert check_target(out / "model.int8.onnx", "onnx-cpu") == []
+    assert check_target(out / "model.onnx", "tensorrt") == []  # parser check only with TensorRT
     problems = check_target(out / "model.onnx", "npu-no-grouped")
     assert len(problems) == 1 and "group=32" in problems[0]
     broken = tmp_path / "broken.onnx"
