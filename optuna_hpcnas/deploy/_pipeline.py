@@ -198,7 +198,9 @@ def _figures(
     )
 
 
-def _export_checked(model: torch.nn.Module, out: Path, shape: tuple[int, ...], target: str) -> Any:
+def _export_checked(
+    model: torch.nn.Module, out: Path, shape: tuple[int, ...], target: str
+) -> dict[str, Any]:
     """Export FP32, refuse a graph that differs from torch or does not fit the target."""
     path = out / FP32_FILE
     try:
