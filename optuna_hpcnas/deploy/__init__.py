@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from optuna_hpcnas.deploy._container import dockerfile
 from optuna_hpcnas.deploy._container import helm_chart
+from optuna_hpcnas.deploy._holdout import split_holdout
 from optuna_hpcnas.deploy._onnx import onnx_latency
 from optuna_hpcnas.deploy._pipeline import deploy_model
 from optuna_hpcnas.deploy._pipeline import DeploymentRefused
@@ -35,5 +36,6 @@ __all__ = [
     "onnx_latency",
     "serve",
     "serve_command",
+    "split_holdout",
     "tensorrt_available",
 ]
