@@ -44,6 +44,7 @@ class LeaderLink:
         self._channel = channel
         self._comm = comm
         self._tracker = tracker
+        self._pending: dict[str, Any] = {}
         self.number = inner.number
         self.plan = inner.plan
 
@@ -52,8 +53,16 @@ class LeaderLink:
         return True
 
     def record(self, attrs: Mapping[str, Any]) -> None:
-        with self._tracker.track("storage"):
-            self._inner.record(attrs)
+        # Kept until the trial is told (``flush``): one storage write per key instead of one
+        # per key and epoch; nobody reads them before the result.
+        self._pending.update(attrs)
+
+    def flush(self) -> None:
+        """Write the user attributes recorded so far (before the trial is told)."""
+        if self._pending:
+            with self._tracker.track("storage"):
+                self._inner.record(self._pending)
+            self._pending = {}
 
     def constrain(self, name: str, value: float) -> None:
         with self._tracker.track("storage"):

@@ -151,6 +151,7 @@ class GroupLoop:
             with self.tracker.track("compute"):
                 outcome = self.core.evaluate(arch, link, self.engine, on_step=self.on_step)
         with self.channel.leader_section("telling the result"):
+            link.flush()
             self._tell(trial, arch, outcome)
         if self.after_trial is not None:
             with self.channel.leader_section("after the trial"):
