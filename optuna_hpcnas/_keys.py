@@ -67,3 +67,7 @@ EVOLUTION_ORIGIN = "hpcnas:evolution:origin"
 STORAGES_LEASE = "hpcnas:storages:lease"
 # Why recover_expired_trials failed a trial (set just before the trial is failed).
 STORAGES_RECOVERED = "hpcnas:storages:recovered"
+# Load test (optuna_hpcnas.storages.testing), trial user attributes: which worker ran the
+# trial, and the number the worker saw (checked against the stored one).
+LOADTEST_WORKER = "load_worker"
+LOADTEST_NUMBER = "load_number"

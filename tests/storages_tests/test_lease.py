@@ -21,6 +21,8 @@ from optuna_hpcnas.storages import open_storage
 from optuna_hpcnas.storages import recover_expired_trials
 from optuna_hpcnas.storages import TrialLease
 
+from .conftest import backend_url
+
 ROOT = Path(__file__).resolve().parents[2]
 _X = {"x": optuna.distributions.FloatDistribution(0.0, 1.0)}
 
@@ -163,10 +165,21 @@ def test_concurrent_sweeps_requeue_a_trial_once(storage_url: str) -> None:
 
 
 @pytest.mark.parametrize("moment", ["before-lease", "in-lease"])
+@pytest.mark.parametrize(
+    "kind",
+    # The storages without heartbeats, and one RDB server (MySQL runs the same code path).
+    [
+        "journal-file",
+        pytest.param("journal-redis", marks=pytest.mark.services),
+        "grpc",
+        pytest.param("postgresql", marks=pytest.mark.services),
+    ],
+)
 def test_worker_killed_right_after_the_ask_is_recovered(
-    shared_storage_url: str, moment: str
+    request: pytest.FixtureRequest, tmp_path: Path, kind: str, moment: str
 ) -> None:
     """kill -9 at the moment the issue names: taken from the queue, nothing else done."""
+    shared_storage_url = backend_url(request, kind, tmp_path)
     study = _study(shared_storage_url, "killed")
     study.enqueue_trial({"x": 0.75})
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
