@@ -17,10 +17,15 @@ Used by ``tests/storages_tests`` (small sizes, every backend) and ``bench/storag
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterator
+from collections.abc import Mapping
+import contextlib
 from dataclasses import dataclass
 import functools
 import hashlib
 import multiprocessing
+import os
+import socket
 import threading
 import time
 import traceback
@@ -281,3 +286,90 @@ def _check_trial(space: HierarchicalSearchSpace, t: optuna.trial.FrozenTrial) ->
         except ValueError:
             return f"param {name}={t.params[name]!r} outside its distribution"
     return None
+
+
+# ------------------------------------------------------------------ backends for benchmarks
+
+BACKEND_KINDS = ("sqlite", "postgresql", "mysql", "journal-redis", "journal-file", "grpc")
+DEFAULT_SERVER_URLS = {
+    "postgresql": "postgresql+psycopg://postgres@127.0.0.1:5432/test",
+    "mysql": "mysql+pymysql://root@127.0.0.1:3306/test",
+    "journal-redis": "redis://127.0.0.1:6379",
+}
+
+
+@contextlib.contextmanager
+def provision_backend(
+    kind: str,
+    workdir: str,
+    *,
+    server_urls: Mapping[str, str] | None = None,
+    proxy_over: str = "postgresql",
+) -> Iterator[str]:
+    """A fresh, empty storage of ``kind`` for one benchmark run; removed afterwards.
+
+    PostgreSQL and MySQL get a new database on the server (``server_urls`` names an admin
+    URL per kind), the Redis journal a free database number (claimed, flushed afterwards),
+    files go to ``workdir``, and ``"grpc"`` starts a proxy in this process over a fresh
+    ``proxy_over`` storage (``"postgresql"``, ``"mysql"`` or ``"sqlite"``).
+    """
+    urls = {**DEFAULT_SERVER_URLS, **(server_urls or {})}
+    if kind == "sqlite":
+        yield f"sqlite:///{os.path.join(workdir, f'bench-{uuid.uuid4().hex[:8]}.db')}"
+    elif kind == "journal-file":
+        yield os.path.join(workdir, f"bench-{uuid.uuid4().hex[:8]}.journal")
+    elif kind in ("postgresql", "mysql"):
+        yield from _fresh_database(urls[kind], kind)
+    elif kind == "journal-redis":
+        yield from _fresh_redis_db(urls[kind])
+    elif kind == "grpc":
+        from optuna_hpcnas.storages._proxy import start_storage_proxy
+
+        with provision_backend(proxy_over, workdir, server_urls=server_urls) as inner:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = int(s.getsockname()[1])
+            server = start_storage_proxy(inner, port=port)
+            try:
+                yield f"grpc://127.0.0.1:{port}"
+            finally:
+                server.stop(grace=None)
+    else:
+        raise ValueError(f"`kind` is {kind!r}, but must be one of {', '.join(BACKEND_KINDS)}.")
+
+
+def _fresh_database(admin_url: str, kind: str) -> Iterator[str]:
+    import sqlalchemy
+
+    engine = sqlalchemy.create_engine(admin_url, isolation_level="AUTOCOMMIT")
+    name = f"hpcnas_bench_{uuid.uuid4().hex[:10]}"
+    with engine.connect() as conn:
+        conn.execute(sqlalchemy.text(f"CREATE DATABASE {name}"))
+    try:
+        yield admin_url.rsplit("/", 1)[0] + "/" + name
+    finally:
+        force = " WITH (FORCE)" if kind == "postgresql" else ""
+        with engine.connect() as conn:
+            conn.execute(sqlalchemy.text(f"DROP DATABASE IF EXISTS {name}{force}"))
+        engine.dispose()
+
+
+def _fresh_redis_db(admin_url: str) -> Iterator[str]:
+    import redis
+
+    base = admin_url.rstrip("/")
+    token = uuid.uuid4().hex
+    for db in range(1, 16):
+        client = redis.Redis.from_url(f"{base}/{db}")
+        if client.set("hpcnas-bench:claim", token, nx=True, ex=3600):
+            if client.dbsize() == 1:
+                break
+            client.delete("hpcnas-bench:claim")  # someone's data is there: give it back
+        client.close()
+    else:
+        raise RuntimeError(f"no free Redis database at {base}")
+    try:
+        yield f"{base}/{db}"
+    finally:
+        client.flushdb()
+        client.close()
