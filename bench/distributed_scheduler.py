@@ -13,7 +13,9 @@ With ``--storage-latency`` (the JSON ``bench/storage_scaling.py --json`` writes:
 measured ask/tell latencies and the highest trials/s), it predicts utilisation at ``--groups``
 per storage backend instead: the dynamic scheduler on the simulated clock with that backend's
 ask + tell latency as the dispatch overhead, times the storage's throughput bound (a closed
-system of G groups: at most C trials/s complete, so util <= C x (D + o) / G).
+system of G groups: at most C trials/s complete, so util <= C x (D + o) / G). The JSON holds,
+per backend, ``ask_p50``, ``ask_p99``, ``tell_p50``, ``tell_p99`` (s) and
+``capacity_trials_per_s``.
 """
 
 from __future__ import annotations
@@ -47,7 +49,8 @@ def predict_storage_utilisation(
     """Predicted utilisation at ``groups`` per backend from measured storage latencies.
 
     ``latencies[backend]`` holds ``ask_p50``, ``tell_p50``, ``ask_p99``, ``tell_p99`` (seconds)
-    and ``max_trials_per_s``. Trial times are log-normal (sigma 1) scaled to ``mean_duration``.
+    and ``capacity_trials_per_s`` (the storage's trials/s under contention). Trial times are
+    log-normal (sigma 1) scaled to ``mean_duration``.
     """
     rows: list[dict[str, float | str]] = []
     scale = mean_duration / float(np.exp(0.5))  # mean of lognormal(0, 1)
@@ -71,7 +74,7 @@ def predict_storage_utilisation(
             row[f"util_{q}"] = float(np.mean(utils))
             row[f"steady_{q}"] = float(np.mean(steady))
         demand = groups / (mean_duration + float(row["overhead_p50"]))
-        capacity = float(lat["max_trials_per_s"])
+        capacity = float(lat["capacity_trials_per_s"])
         row["demand"] = demand
         row["capacity"] = capacity
         row["bound"] = min(1.0, capacity / demand)
@@ -105,7 +108,8 @@ def print_storage_prediction(
         "util / steady @q = simulated with the ask+tell latency at quantile q as the per-trial "
         "dispatch cost (util includes the drain at the end of the budget, steady stops at the "
         "last dispatch: a search that keeps asking); demand = groups / (mean trial + overhead); "
-        "C = the highest trials/s measured; bound = min(1, C / demand); predicted = steady@p50 "
+        "C = the storage's trials/s measured under contention; bound = min(1, C / demand); "
+        "predicted = steady@p50 "
         "x bound."
     )
 
