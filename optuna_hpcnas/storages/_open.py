@@ -34,6 +34,8 @@ from optuna_hpcnas._cli_util import mask_url
 if TYPE_CHECKING:
     import optuna
 
+    from optuna_hpcnas.checkpoints import CheckpointConfig
+
 _logger = logging.getLogger(__name__)
 
 # The first 16 bytes of every SQLite 3 database (optuna-dashboard checks the same header).
@@ -165,6 +167,9 @@ def open_storage(
         raise TypeError(f"`connect_timeout` is {connect_timeout!r}, but must be a number.")
     if not connect_timeout > 0:
         raise ValueError(f"`connect_timeout` is {connect_timeout}, but must be > 0.")
+    if heartbeat_interval is not None:
+        # Validated before anything touches a file or a server.
+        _heartbeat_config(url, heartbeat_interval, grace_period, max_retry)
     if kind == "journal-redis":
         return _open_redis(url, float(connect_timeout))
     if kind == "grpc":
@@ -281,23 +286,28 @@ def _rdb_storage_unchecked(
     import optuna
 
     if heartbeat_interval is not None:
-        from optuna_hpcnas.checkpoints import CheckpointConfig
         from optuna_hpcnas.checkpoints import heartbeat_storage
 
-        try:
-            config = CheckpointConfig(
-                heartbeat_interval=heartbeat_interval,
-                grace_period=grace_period,
-                max_retry=max_retry,
-            )
-        except (TypeError, ValueError) as e:
-            raise ValueError(f"Heartbeat settings for {mask_url(url)}: {e}") from None
+        config = _heartbeat_config(url, heartbeat_interval, grace_period, max_retry)
         return heartbeat_storage(url, config)
     engine_kwargs: dict[str, Any] = {}
     if kind == "sqlite":
         # As heartbeat_storage: checkpoint blobs share the file, so writers queue, not fail.
         engine_kwargs["connect_args"] = {"timeout": 60}
     return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
+
+
+def _heartbeat_config(
+    url: str, heartbeat_interval: int, grace_period: int | None, max_retry: int | None
+) -> CheckpointConfig:
+    from optuna_hpcnas.checkpoints import CheckpointConfig
+
+    try:
+        return CheckpointConfig(
+            heartbeat_interval=heartbeat_interval, grace_period=grace_period, max_retry=max_retry
+        )
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"Heartbeat settings for {mask_url(url)}: {e}") from None
 
 
 def _sqlite_path(url: str, database: str | None) -> str | None:

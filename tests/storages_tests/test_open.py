@@ -88,7 +88,8 @@ def test_kind_and_description_from_the_spelling(url: str, kind: str, described: 
     assert describe_storage(url) == described
 
 
-def test_bad_arguments_are_refused() -> None:
+def test_bad_arguments_are_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
     with pytest.raises(TypeError, match="`url` is 3"):
         open_storage(3)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="`url` is empty"):
@@ -99,6 +100,7 @@ def test_bad_arguments_are_refused() -> None:
         open_storage("sqlite:///x.db", heartbeat_interval=1.5)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="`grace_period`"):
         open_storage("sqlite:///x.db", heartbeat_interval=10, grace_period=5)
+    assert list(tmp_path.iterdir()) == []  # refused before any file is created
 
 
 def _cases(tmp: Path) -> list[tuple[str, str]]:
