@@ -214,3 +214,18 @@ def test_concurrent_first_starts_on_a_new_sqlite_file_all_work(tmp_path: Path) -
         assert len(study.trials) == 6
         # No lock file or journal left next to the database.
         assert sorted(os.listdir(work)) == ["nas.db"]
+
+
+def test_importing_the_package_loads_no_driver_and_no_torch() -> None:
+    code = (
+        "import sys, optuna_hpcnas.storages\n"
+        "names = ('torch', 'sqlalchemy', 'redis', 'grpc', 'optuna')\n"
+        "heavy = [m for m in names if m in sys.modules]\n"
+        "print(heavy)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
