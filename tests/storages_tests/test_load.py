@@ -32,12 +32,14 @@ def test_workers_lose_and_repeat_nothing(
     request: pytest.FixtureRequest, tmp_path: Path, kind: str, sampler: str
 ) -> None:
     url = backend_url(request, kind, tmp_path)
-    result = run_load_test(url, sampler=sampler, n_workers=4, n_trials=5, timeout=300)
+    n_workers = 4 if sampler == "evolution" else 2  # QUBOSampler's solver is the slow part
+    result = run_load_test(url, sampler=sampler, n_workers=n_workers, n_trials=5, timeout=300)
+    n = n_workers * 5
     assert result.problems == ()
-    assert result.states == {"COMPLETE": 20}
+    assert result.states == {"COMPLETE": n}
     # Reported, not asserted: avoiding repeats across workers is the samplers' business.
-    assert 0 <= result.repeated_architectures < 20
-    assert result.n_unique_architectures == 20 - result.repeated_architectures
+    assert 0 <= result.repeated_architectures < n
+    assert result.n_unique_architectures == n - result.repeated_architectures
 
 
 def _add(
