@@ -93,7 +93,7 @@ def part1(args: argparse.Namespace) -> list[tuple[str, str, float, float]]:
             ("DeepSpeed ZeRO-0", "deepspeed", 0),
             ("DeepSpeed ZeRO-1", "deepspeed", 1),
         ):
-            config = DistributedConfig(engine=kind, zero_stage=zero, precision=precision)
+            config = DistributedConfig(engine=kind, zero_stage=zero)
             layers, shape, _ = subnet_layers(args.preset)
             engine = build_engine(
                 layers,
@@ -103,6 +103,7 @@ def part1(args: argparse.Namespace) -> list[tuple[str, str, float, float]]:
                 micro_batch_size=args.batch,
                 config=config,
                 lr=1e-3,
+                precision=precision,
             )
             engines[(precision, label)] = (engine, batches(shape, args.batch, 0))
     walls: dict[tuple[str, str], list[float]] = {key: [] for key in engines}
@@ -140,7 +141,7 @@ def worker(args: argparse.Namespace) -> None:
     results = []
     layouts = (("data parallel 4", 4, 1), ("pipeline 4", 1, 4), ("pipeline 2 x data 2", 2, 2))
     for label, dp, pp in layouts:
-        config = DistributedConfig(group_size=4, zero_stage=1, pipeline_micro_batches=4)
+        config = DistributedConfig(group_size=4, zero_stage=1)
         world = TorchWorld(group, config, "cpu")
         world.ensure(4)
         layers, shape, _ = subnet_layers(args.preset)
@@ -153,6 +154,7 @@ def worker(args: argparse.Namespace) -> None:
             config=config,
             lr=1e-3,
             group_rank=group.rank,
+            accumulation_steps=4 if pp > 1 else 1,
         )
         comm.Barrier()
         wall, cpu = time_engine(engine, batches(shape, args.batch, group.rank % dp), args.steps)

@@ -1,7 +1,7 @@
 """Benchmark 1: trials per second of the digits search with 1, 2 and 4 ranks, and the share
 of each rank's time spent computing (forward, backward, optimizer, validation).
 
-Each configuration is a real ``mpirun -n N python -m mpi4py -m optuna_hpcnas.distributed``
+Each configuration is a real ``mpirun -n N python -m mpi4py -m optuna_hpcnas run``
 launch against one SQLite study, groups of one rank (each rank its own group, weights
 averaged between groups every trial). Peer in the same run: the 1-rank launch.
 
@@ -35,10 +35,23 @@ preset = "digits-small"
 [sampler]
 name = "random"
 seed = 0
+[pruner]
+name = "none"
+[stages]
+stages = [
+    {{ name = "quick", epochs = 1, lr = 1e-3 }},
+    {{ name = "medium", epochs = 2, lr = 1e-2 }},
+]
 [training]
-epochs = 3
-steps_per_epoch = {steps}
-supernet_steps = {supernet_steps}
+epochs = 1
+warmup_max_batches = 4
+paths_per_batch = 2
+[objective]
+optimizer = "adam"
+batch_size = 32
+max_batches_per_epoch = {steps}
+population_steps = {supernet_steps}
+latency_repeats = 2
 [distributed]
 group_size = 1
 sync_interval = 2
@@ -58,7 +71,7 @@ def run(n: int, trials_per_rank: int, steps: int, workdir: Path) -> dict:
     )
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     cmd = [mpirun(), "-n", str(n), sys.executable, "-m", "mpi4py", "-m"]
-    cmd += ["optuna_hpcnas.distributed", "--config", str(cfg), "--log-level", "WARNING"]
+    cmd += ["optuna_hpcnas", "-q", "run", "--config", str(cfg), "--no-progress"]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
     wall = time.perf_counter() - t0

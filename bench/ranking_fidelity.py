@@ -47,6 +47,13 @@ def main() -> None:
     parser.add_argument("--medium-lr", type=float, default=3e-3)
     parser.add_argument("--reference-seeds", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--through-core",
+        action="store_true",
+        help="score the stages with the evaluation core that the API, `hpcnas run` and MPI "
+        "groups use (TrialEvaluator: a study with the candidates queued, every epoch "
+        "reported), instead of this script's own fine-tuning loop",
+    )
     args = parser.parse_args()
 
     from _supernet_common import FineTuning
@@ -78,7 +85,9 @@ def main() -> None:
 
     scores: dict[str, list[float]] = {"inherited": [], "quick": [], "medium": []}
     seconds = {"inherited": 0.0, "fine-tuning": 0.0}
-    for arch in archs:
+    if args.through_core:
+        scores, seconds = _core_scores(trainer, data, archs, args)
+    for arch in archs if not args.through_core else []:
         t0 = time.perf_counter()
         model = trainer.calibrated_subnet(arch, data.train)
         scores["inherited"].append(evaluate(model, data.valid)[1])
@@ -169,6 +178,49 @@ def main() -> None:
         f"{seconds['fine-tuning'] / n:.2f} s; the supernet pays off after "
         f"{supernet_seconds / max(per_scratch - per_inherited, 1e-9):.0f} candidates"
     )
+
+
+def _core_scores(
+    trainer: object, data: object, archs: list, args: argparse.Namespace
+) -> tuple[dict[str, list[float]], dict[str, float]]:
+    """Validation log-loss of each candidate inherited, after the quick and after the medium
+    stage, through ``TrialEvaluator`` (each trial's own batch order, cosine lr per stage)."""
+    import optuna
+
+    from optuna_hpcnas.evaluation import ObjectiveConfig
+    from optuna_hpcnas.evaluation import OptunaTrialLink
+    from optuna_hpcnas.evaluation import TrialEvaluator
+    from optuna_hpcnas.evaluation import TrialPlan
+    from optuna_hpcnas.pruners import Stage
+    from optuna_hpcnas.pruners import StagePlan
+
+    config = ObjectiveConfig(
+        objectives=("loss",), optimizer="adam", batch_size=32, latency_repeats=1
+    )
+    core = TrialEvaluator(data, trainer, config, seed=args.seed)  # type: ignore[arg-type]
+    stages = StagePlan(
+        stages=(
+            Stage("quick", args.quick_epochs, 1e-3),
+            Stage("medium", args.medium_epochs, args.medium_lr),
+        )
+    )
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(direction="minimize", pruner=optuna.pruners.NopPruner())
+    plan = TrialPlan(stages, stages.total_epochs, report=True, maximize=False)
+    scores: dict[str, list[float]] = {"inherited": [], "quick": [], "medium": []}
+    t0 = time.perf_counter()
+    for arch in archs:
+        trial = study.ask()
+        outcome = core.evaluate(arch, OptunaTrialLink(trial, plan))
+        study.tell(trial, outcome.values)
+        frozen = study.trials[-1]
+        scores["quick"].append(frozen.intermediate_values[args.quick_epochs])
+        scores["medium"].append(frozen.intermediate_values[stages.total_epochs])
+        model = trainer.calibrated_subnet(arch, data.train)  # type: ignore[attr-defined]
+        from optuna_hpcnas.evaluation import evaluate
+
+        scores["inherited"].append(evaluate(model, data.valid)[1])  # type: ignore[attr-defined]
+    return scores, {"inherited": 0.0, "fine-tuning": time.perf_counter() - t0}
 
 
 if __name__ == "__main__":

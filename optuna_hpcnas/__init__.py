@@ -6,6 +6,7 @@ components that need them.
 
 from __future__ import annotations
 
+from optuna_hpcnas._lazy import lazy_attributes
 from optuna_hpcnas.search_space import Architecture
 from optuna_hpcnas.search_space import CellConfig
 from optuna_hpcnas.search_space import ClusterConfig
@@ -33,11 +34,4 @@ _LAZY = {
     "SuperNet": "optuna_hpcnas.supernet",
     "SupernetObjective": "optuna_hpcnas.evaluation",
 }
-
-
-def __getattr__(name: str) -> object:
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'optuna_hpcnas' has no attribute {name!r}")
+__getattr__ = lazy_attributes(__name__, _LAZY)

@@ -1,11 +1,10 @@
 """Helpers of the command line that are worth testing on their own: masking passwords in
-storage URLs, finding the MPI rank without importing mpi4py, the SQLite-sharing warning,
-progress lines, and ``--set key=value`` parsing.
+storage URLs, finding the MPI rank without importing mpi4py, the SQLite-sharing warning and
+progress lines (``--set key=value`` is parsed by ``optuna_hpcnas.config.parse_overrides``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 import datetime
 import logging
 import os
@@ -89,30 +88,6 @@ def warn_if_sqlite_shared(url: str, *, n_processes: int, running_trials: int = 0
         )
         return True
     return False
-
-
-def parse_overrides(pairs: Sequence[str]) -> dict[str, Any]:
-    """``["study.n_trials=20", "sampler.name=tpe"]`` -> ``{"study.n_trials": 20, ...}``.
-
-    Values are read as TOML values when they parse (numbers, booleans, arrays, quoted
-    strings), else kept as plain strings.
-    """
-    import tomllib
-
-    out: dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, raw = pair.partition("=")
-        key = key.strip()
-        if not sep or not key or not re.match(r"^[A-Za-z_][\w-]*(\.[A-Za-z_][\w-]*)*$", key):
-            raise ValueError(
-                f"Override {pair!r} must look like 'section.key=value' (e.g. study.n_trials=20)."
-            )
-        try:
-            value: Any = tomllib.loads(f"v = {raw.strip()}")["v"]
-        except tomllib.TOMLDecodeError:
-            value = raw.strip()
-        out[key] = value
-    return out
 
 
 def format_duration(seconds: float) -> str:
@@ -260,23 +235,19 @@ class ProgressReporter:
 
     def _compute_shares(self, study: Any) -> None:
         # The distributed runner stores each rank's time shares when a run ends.
-        import json
 
-        text = study._storage.get_study_system_attrs(study._study_id).get(
-            "hpcnas:distributed:utilisation"
-        )
-        runs = json.loads(text) if isinstance(text, str) else []
-        if runs and isinstance(runs[-1], dict):
-            for i, rank in enumerate(runs[-1].get("ranks", [])):
-                share = float(rank.get("shares", {}).get("compute", 0.0))
-                self._metrics.set_compute_share(int(rank.get("rank", i)), min(1.0, share))
+        from optuna_hpcnas._records import compute_shares
+
+        for rank, share in compute_shares(study).items():
+            self._metrics.set_compute_share(rank, min(1.0, share))
 
     def _observe(self, trial: Any) -> None:
         if trial.datetime_start is None or trial.datetime_complete is None:
             return
         seconds = max(0.0, (trial.datetime_complete - trial.datetime_start).total_seconds())
-        group = trial.system_attrs.get("hpcnas:distributed:group", 0)
-        self._metrics.trial_finished(trial.state, seconds, rank=int(group))
+        from optuna_hpcnas._records import group_of
+
+        self._metrics.trial_finished(trial.state, seconds, rank=group_of(trial))
 
 
 def _best_text(study: Any) -> str:

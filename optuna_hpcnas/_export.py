@@ -1,13 +1,26 @@
-"""``hpcnas export``: a trial's architecture as files that run without optuna-hpcnas.
+"""``hpcnas export``: a trial's architecture, trained, as files that run without optuna-hpcnas.
 
-* ``architecture.json`` — the architecture (``Architecture.from_json`` reads it back);
-* ``model.pt2`` — the subnet as a ``torch.export`` program: ``torch.export.load(path).module()``
-  gives a runnable ``nn.Module`` with its weights, no Python class of ours needed, no pickle;
+The architecture is trained before it is written (``mode``):
+
+* ``"retrain"`` (the default): from scratch with the ``[export]`` recipe
+  (``ScratchTrainingConfig``: Adam, cosine-decayed lr, 30 epochs by default) on the run's
+  training split;
+* ``"finetune"``: the same recipe, starting from the supernet's inherited weights (a
+  ``--weights`` file, or the newest supernet checkpoint of the study);
+* ``"untrained"``: no training at all (explicit only: such a model predicts at chance).
+
+It is then scored on the held-out test split, which the search never saw. Files:
+
+* ``architecture.json`` — the architecture, the trial values and the export's accuracies;
+* ``model.pt2`` — the trained subnet as a ``torch.export`` program
+  (``torch.export.load(path).module()``: a runnable module, no class of ours, no pickle);
 * ``model.onnx`` — the same graph for ONNX runtimes, where torch can export it.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from dataclasses import field
 import json
 import logging
 from pathlib import Path
@@ -18,119 +31,178 @@ import warnings
 if TYPE_CHECKING:
     import optuna
     from optuna.trial import FrozenTrial
+    from torch import nn
 
+    from optuna_hpcnas.data import TaskData
+    from optuna_hpcnas.evaluation import ScratchTrainingConfig
     from optuna_hpcnas.search_space import Architecture
 
 _logger = logging.getLogger(__name__)
+MODES = ("retrain", "finetune", "untrained")
 
 
-# The tasks that ship with the package, by domain: (input shape without batch, classes).
-_DEFAULT_TASKS = {"image": ((1, 8, 8), 10), "sequence": ((16, 8), 4)}
+class ExportError(ValueError):
+    """An export that cannot be made (no weights to fine-tune from, a bad weights file)."""
 
 
-def build_module(
+@dataclass(frozen=True)
+class ExportResult:
+    """What ``export_trial`` wrote and measured."""
+
+    files: list[tuple[Path, str]] = field(default_factory=list)
+    mode: str = "retrain"
+    metrics: dict[str, Any] = field(default_factory=dict)
+    module: Any = None
+
+
+def trained_module(
     study: optuna.Study,
     arch: Architecture,
+    data: TaskData,
     *,
-    input_shape: tuple[int, ...] | None = None,
-    num_classes: int | None = None,
+    mode: str,
+    recipe: ScratchTrainingConfig,
     weights: str | Path | None = None,
-    seed: int = 0,
-) -> tuple[Any, tuple[int, ...]]:
-    """The standalone subnet of ``arch`` (``SuperNet(...).subnet(arch)``) and its input shape.
-
-    ``weights`` is a supernet ``state_dict`` saved with ``torch.save`` (read with
-    ``weights_only=True``); without it the subnet inherits the weights of the newest supernet
-    checkpoint ``hpcnas run`` saved in the study's database (``[checkpoints] enabled``), or
-    keeps the supernet's initial weights when there is none.
-    """
+) -> tuple[nn.Module, dict[str, Any]]:
+    """The subnet of ``arch`` for ``data``, trained as ``mode`` says, and its metrics
+    (``train_model``'s keys; for ``untrained`` only the accuracies)."""
+    from optuna_hpcnas.evaluation import evaluate
+    from optuna_hpcnas.evaluation import train_model
     from optuna_hpcnas.search_space import HierarchicalSearchSpace
-
-    space = HierarchicalSearchSpace.from_study(study)
-    if space is None:
-        raise ValueError(
-            "the study records no search space (HierarchicalSearchSpace.suggest records it)"
-        )
-    shape, classes = _DEFAULT_TASKS[space.domain]
-    shape = tuple(input_shape) if input_shape is not None else shape
-    classes = num_classes if num_classes is not None else classes
-    import torch
-
     from optuna_hpcnas.supernet import SuperNet
 
-    net = SuperNet(space, input_shape=shape, num_classes=classes, seed=seed)
-    if weights is not None:
-        state = torch.load(str(weights), map_location="cpu", weights_only=True)
-        net.load_state_dict(state)
-    elif not _load_checkpoint(study, net):
-        _logger.warning(
-            "No supernet weights given (--weights) and no supernet checkpoint in the study: "
-            "the module has initial weights; train it "
-            "(optuna_hpcnas.evaluation.train_from_scratch) before use."
+    if mode not in MODES:
+        raise ExportError(f"`mode` is {mode!r}, but must be one of {list(MODES)}.")
+    space = HierarchicalSearchSpace.from_study(study)
+    if space is None:
+        raise ExportError(
+            "the study records no search space (HierarchicalSearchSpace.suggest records it)"
         )
-    return net.eval().subnet(arch).eval(), shape
+    net = SuperNet(
+        space, input_shape=data.input_shape, num_classes=data.num_classes, seed=recipe.seed
+    )
+    if mode != "retrain":
+        inherited = _load_weights(study, net, weights)
+        if not inherited and mode == "finetune":
+            raise ExportError(
+                "--finetune needs supernet weights: pass --weights FILE or run the search "
+                "with [checkpoints] enabled = true; or drop --finetune to retrain from scratch"
+            )
+    module = net.subnet(arch)
+    del net
+    if mode == "untrained":
+        _logger.warning("Exporting an untrained module (--untrained): it predicts at chance.")
+        module.eval()
+        valid, _ = evaluate(module, data.valid)
+        test, _ = evaluate(module, data.test)
+        return module, {"valid_accuracy": valid, "test_accuracy": test, "epochs": 0}
+    return module.eval(), train_model(module, data, recipe)
 
 
-def export_architecture(
+def export_trial(
     study: optuna.Study,
     trial: FrozenTrial,
     arch: Architecture,
     out: Path,
     *,
-    onnx: bool = True,
-    input_shape: tuple[int, ...] | None = None,
-    num_classes: int | None = None,
+    data: TaskData,
+    recipe: ScratchTrainingConfig,
+    mode: str = "retrain",
     weights: str | Path | None = None,
-) -> list[tuple[Path, str]]:
-    """Write the files above into ``out``; returns ``(path, description)`` pairs."""
-    written: list[tuple[Path, str]] = []
+    onnx: bool = True,
+) -> ExportResult:
+    """Train ``arch`` (see the module docstring) and write its files into ``out``."""
+    module, metrics = trained_module(study, arch, data, mode=mode, recipe=recipe, weights=weights)
+    out.mkdir(parents=True, exist_ok=True)
+    files: list[tuple[Path, str]] = []
     meta = {
         "study": study.study_name,
         "trial": trial.number,
         "values": trial.values,
         "architecture": arch.to_dict(),
         "summary": arch.describe(),
+        "export": {
+            "mode": mode,
+            "recipe": vars(recipe).copy(),
+            "input_shape": list(data.input_shape),
+            "num_classes": data.num_classes,
+            "data": data.name,
+            **{k: metrics[k] for k in ("valid_accuracy", "test_accuracy", "epochs")},
+        },
     }
     path = out / "architecture.json"
     path.write_text(json.dumps(meta, indent=2) + "\n")
-    written.append((path, "architecture and trial values"))
-    try:
-        module, shape = build_module(
-            study, arch, input_shape=input_shape, num_classes=num_classes, weights=weights
-        )
-    except ImportError as e:
-        _logger.warning("No PyTorch module written (install optuna-hpcnas[torch]): %s.", e)
-        return written
+    files.append((path, "architecture, trial values, export accuracies"))
+    files.extend(write_model_files(module.cpu().eval(), data.input_shape, out, onnx=onnx))
+    return ExportResult(files=files, mode=mode, metrics=metrics, module=module)
+
+
+def write_model_files(
+    module: nn.Module, shape: tuple[int, ...], out: Path, *, onnx: bool = True
+) -> list[tuple[Path, str]]:
+    """``model.pt2`` (``torch.export``) and, where torch can export it, ``model.onnx``."""
     import torch
 
+    written: list[tuple[Path, str]] = []
     # Batch 2 in the example: a batch of 1 would be specialised into the program.
     example = (torch.randn(2, *shape),)
     program = torch.export.export(module, example, dynamic_shapes=({0: torch.export.Dim.AUTO},))
     path = out / "model.pt2"
     torch.export.save(program, str(path))
     written.append((path, f"torch.export program, input (N, {', '.join(map(str, shape))})"))
-    if onnx:
-        path = out / "model.onnx"
-        try:
-            with warnings.catch_warnings():
-                # The tracer warns about Python branches on static shapes: constants here.
-                warnings.simplefilter("ignore", torch.jit.TracerWarning)
-                warnings.simplefilter("ignore", DeprecationWarning)  # torch's own exporter
-                torch.onnx.export(
-                    module,
-                    example,
-                    str(path),
-                    input_names=["input"],
-                    output_names=["logits"],
-                    dynamic_axes={"input": {0: "batch"}, "logits": {0: "batch"}},
-                    dynamo=False,
-                )
-        except Exception as e:  # ONNX export depends on the operators and installed extras
-            _logger.warning("No ONNX file: torch could not export this module (%s).", e)
-            path.unlink(missing_ok=True)
-        else:
-            written.append((path, "ONNX"))
+    if not onnx:
+        return written
+    path = out / "model.onnx"
+    try:
+        with warnings.catch_warnings():
+            # The tracer warns about Python branches on static shapes: constants here.
+            warnings.simplefilter("ignore", torch.jit.TracerWarning)
+            warnings.simplefilter("ignore", DeprecationWarning)  # torch's own exporter
+            torch.onnx.export(
+                module,
+                example,
+                str(path),
+                input_names=["input"],
+                output_names=["logits"],
+                dynamic_axes={"input": {0: "batch"}, "logits": {0: "batch"}},
+                dynamo=False,
+            )
+    except Exception as e:  # ONNX export depends on the operators and installed extras
+        _logger.warning("No ONNX file: torch could not export this module (%s).", e)
+        path.unlink(missing_ok=True)
+    else:
+        written.append((path, "ONNX"))
     return written
+
+
+def _load_weights(study: optuna.Study, net: Any, weights: str | Path | None) -> bool:
+    """Supernet weights from ``weights`` (a ``torch.save`` state_dict, read with
+    ``weights_only=True``) or the study's newest checkpoint; whether any were loaded."""
+    import torch
+
+    if weights is not None:
+        try:
+            state = torch.load(str(weights), map_location="cpu", weights_only=True)
+        except FileNotFoundError:
+            raise ExportError(f"--weights {str(weights)!r}: no such file") from None
+        except Exception as e:  # not a torch file, or one that needs unpickling code
+            raise ExportError(
+                f"--weights {str(weights)!r} is not a supernet state_dict saved with "
+                f"torch.save ({type(e).__name__})"
+            ) from None
+        if not isinstance(state, dict):
+            raise ExportError(
+                f"--weights {str(weights)!r} holds a {type(state).__name__}, not a state_dict"
+            )
+        try:
+            net.load_state_dict(state)
+        except RuntimeError as e:
+            first = str(e).strip().splitlines()[0]
+            raise ExportError(
+                f"--weights {str(weights)!r} does not fit this supernet: {first}"
+            ) from None
+        return True
+    return _load_checkpoint(study, net)
 
 
 def _load_checkpoint(study: optuna.Study, net: Any) -> bool:
@@ -152,7 +224,7 @@ def _load_checkpoint(study: optuna.Study, net: Any) -> bool:
         )
     except RuntimeError as e:  # another input shape or class count than the search used
         _logger.warning(
-            "Supernet checkpoint %s does not fit this module (%s): initial weights used.",
+            "Supernet checkpoint %s does not fit this module (%s): not used.",
             latest.info.checkpoint_id,
             e,
         )

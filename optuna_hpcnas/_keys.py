@@ -42,7 +42,7 @@ OBJECTIVE_EARLY_STOPPED = "early_stopped"
 
 # --- operations (CLI, dashboard, metrics) -------------------------------------------------
 # Study system attributes.
-RUN_N_TRIALS = "hpcnas:run:n_trials"  # the trial target of the search, for progress
+RUN_DATA = "hpcnas:run:data"  # the [data] table the search ran on (JSON), for exports
 
 # Distributed evaluation (optuna_hpcnas.distributed).
 DISTRIBUTED_UTILISATION = "hpcnas:distributed:utilisation"  # study: per-rank time shares (JSON)

@@ -1,9 +1,9 @@
-"""The ``hpcnas`` command: run, resume, status, best, export, dashboard, template.
+"""The ``hpcnas`` command: init, run, resume, status, best, export, dashboard, template.
 
 ``hpcnas run --config nas.toml`` runs a search from a TOML file (also as
 ``mpirun -n N python -m mpi4py -m optuna_hpcnas run --config nas.toml``); the other commands
 read a study from its storage: ``--storage URL`` or ``OPTUNA_STORAGE`` (as Optuna's own CLI),
-or the ``[study]`` table of ``--config``.
+or the ``[study]`` table of ``--config``. A user error prints one line and exits with 2.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from optuna_hpcnas._cli_util import format_duration
 from optuna_hpcnas._cli_util import mask_url
 from optuna_hpcnas._cli_util import MaskingFilter
 from optuna_hpcnas._cli_util import mpi_rank_and_size
-from optuna_hpcnas._cli_util import parse_overrides
 from optuna_hpcnas._cli_util import ProgressReporter
 from optuna_hpcnas._cli_util import warn_if_sqlite_shared
 
@@ -42,39 +41,73 @@ class CLIError(Exception):
 
 
 # ---------------------------------------------------------------------------- study lookup
-def _config_study_table(path: str) -> dict[str, Any]:
-    import tomllib
+def _load_config(path: str, overrides: Any = None) -> Any:
+    from optuna_hpcnas.config import ConfigError
+    from optuna_hpcnas.config import load_config
 
     try:
-        with open(path, "rb") as f:
-            data = tomllib.load(f)
-    except FileNotFoundError:
-        raise CLIError(f"config file {path!r} does not exist") from None
-    except tomllib.TOMLDecodeError as e:
-        raise CLIError(f"config file {path!r} is not valid TOML: {e}") from None
-    study = data.get("study", {})
-    if not isinstance(study, dict):
-        raise CLIError(f"[study] in {path!r} must be a table, but is {study!r}")
-    return study
+        return load_config(path, overrides=overrides or None)
+    except ConfigError as e:
+        raise CLIError(str(e)) from None
 
 
 def resolve_storage(args: argparse.Namespace) -> tuple[str, str | None]:
-    """``(storage URL, study name or None)`` from the flags, the config, then the environment."""
-    table = _config_study_table(args.config) if getattr(args, "config", None) else {}
-    storage = args.storage or table.get("storage") or os.environ.get(STORAGE_ENV)
+    """``(storage URL, study name or None)``: ``--storage``, then the config's ``[study]``
+    (which falls back to ``OPTUNA_STORAGE`` and the default SQLite file), then
+    ``OPTUNA_STORAGE``."""
+    config = _load_config(args.config) if getattr(args, "config", None) else None
+    storage = args.storage or (config.study.resolved_storage() if config else None)
+    storage = storage or os.environ.get(STORAGE_ENV)
     if not storage:
         raise CLIError(
             "no storage given: pass --storage URL, set OPTUNA_STORAGE, or --config with "
             "[study] storage = '...'"
         )
-    name = getattr(args, "study_name", None) or table.get("name")
+    name = getattr(args, "study_name", None) or (config.study.name if config else None)
     return str(storage), name
+
+
+def check_storage(url: str, *, must_exist: bool) -> None:
+    """Refuse a storage that cannot be a study's: a missing SQLite file (when reading), a
+    directory, a file that is not a database, an unreachable server. One line, no files."""
+    from optuna_hpcnas._records import sqlite_path
+
+    path = sqlite_path(url)
+    if path is not None:
+        file = Path(path)
+        if file.is_dir():
+            raise CLIError(f"storage {url}: {path!r} is a directory, not a SQLite file")
+        if must_exist and not file.exists():
+            raise CLIError(f"storage {url}: no such SQLite file {path!r}")
+        if not file.parent.is_dir():
+            raise CLIError(f"storage {url}: the directory of {path!r} does not exist")
+        if file.exists() and file.stat().st_size and not _is_sqlite_file(file):
+            raise CLIError(f"storage {url}: {path!r} is not a SQLite database")
+        return
+    import sqlalchemy
+
+    try:
+        engine = sqlalchemy.create_engine(url)
+        with engine.connect():
+            pass
+        engine.dispose()
+    except Exception as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise CLIError(
+            f"cannot open storage {mask_url(url)}: {type(e).__name__}: {first}"
+        ) from None
+
+
+def _is_sqlite_file(file: Path) -> bool:
+    with open(file, "rb") as f:
+        return f.read(16) == b"SQLite format 3\x00"
 
 
 def load_study(args: argparse.Namespace) -> optuna.Study:
     import optuna
 
     storage, name = resolve_storage(args)
+    check_storage(storage, must_exist=True)
     try:
         summaries = optuna.study.get_all_study_summaries(storage=storage)
     except Exception as e:
@@ -97,12 +130,8 @@ def load_study(args: argparse.Namespace) -> optuna.Study:
     return optuna.load_study(study_name=name, storage=storage)
 
 
-def _system_attrs(study: optuna.Study) -> dict[str, Any]:
-    return study._storage.get_study_system_attrs(study._study_id)
-
-
 def _architecture(study: optuna.Study, trial: FrozenTrial) -> Architecture | None:
-    from optuna_hpcnas._trial_attrs import architecture_of
+    from optuna_hpcnas._records import architecture_of
     from optuna_hpcnas.search_space import HierarchicalSearchSpace
 
     arch = architecture_of(trial.user_attrs)
@@ -118,7 +147,7 @@ def _architecture(study: optuna.Study, trial: FrozenTrial) -> Architecture | Non
 
 
 def _describe(study: optuna.Study, trial: FrozenTrial) -> str:
-    from optuna_hpcnas._trial_attrs import summary_of
+    from optuna_hpcnas._records import summary_of
 
     summary = summary_of(trial.user_attrs)
     if summary is not None:
@@ -140,15 +169,15 @@ def study_status(study: optuna.Study) -> dict[str, Any]:
     """The facts ``hpcnas status`` prints, as a dict (``--json``)."""
     from optuna.trial import TrialState
 
+    from optuna_hpcnas._records import compute_shares
+
     trials = study.get_trials(deepcopy=False)
-    attrs = _system_attrs(study)
     by_state = {s.name: 0 for s in TrialState}
     for t in trials:
         by_state[t.state.name] += 1
     finished = [t for t in trials if t.state.is_finished()]
-    target = attrs.get(_keys.RUN_N_TRIALS)
-    if target is None and by_state["WAITING"]:
-        target = len(trials)  # the runner enqueues its whole budget as WAITING trials
+    # the runner queues its whole budget as WAITING trials
+    target = len(trials) if by_state["WAITING"] else None
     starts = [t.datetime_start for t in trials if t.datetime_start is not None]
     ends = [t.datetime_complete for t in finished if t.datetime_complete is not None]
     durations = [
@@ -176,15 +205,9 @@ def study_status(study: optuna.Study) -> dict[str, Any]:
         out["mean_concurrency"] = (sum(durations) / elapsed) if elapsed > 0 else None
         out["trials_per_minute"] = (len(finished) / elapsed * 60) if elapsed > 0 else None
         out["mean_evaluation_seconds"] = (sum(durations) / len(durations)) if durations else None
-    runs = attrs.get(_keys.DISTRIBUTED_UTILISATION)
-    if isinstance(runs, str):
-        runs = json.loads(runs)
-    if isinstance(runs, list) and runs and isinstance(runs[-1], dict):
-        # The last run_search call's per-rank share of wall time spent computing.
-        out["utilisation"] = {
-            str(r.get("rank", i)): float(r.get("shares", {}).get("compute", 0.0))
-            for i, r in enumerate(runs[-1].get("ranks", []))
-        }
+    shares = compute_shares(study)  # the last run's per-rank share of wall time computing
+    if shares:
+        out["utilisation"] = {str(rank): share for rank, share in shares.items()}
     completed = [t for t in trials if t.state == TrialState.COMPLETE]
     if completed:
         if len(study.directions) == 1:
@@ -298,51 +321,102 @@ def _cmd_best(args: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------------------- export
-def _cmd_export(args: argparse.Namespace) -> int:
+def _pick_trial(study: optuna.Study, number: int | None) -> FrozenTrial:
     from optuna.trial import TrialState
 
-    study = load_study(args)
-    if args.trial is not None:
-        matches = [t for t in study.get_trials(deepcopy=False) if t.number == args.trial]
+    if number is not None:
+        matches = [t for t in study.get_trials(deepcopy=False) if t.number == number]
         if not matches or matches[0].state != TrialState.COMPLETE:
-            raise CLIError(f"trial {args.trial} is not a completed trial of {study.study_name!r}")
-        trial = matches[0]
+            raise CLIError(f"trial {number} is not a completed trial of {study.study_name!r}")
+        return matches[0]
+    ranked = best_trials(study, top=1)
+    if not ranked:
+        raise CLIError(f"study {study.study_name!r} has no completed trial yet")
+    if len(study.directions) > 1:
+        _logger.info(
+            "Multi-objective study: the Pareto-front trial best in %s (choose another with "
+            "--trial).",
+            _metric_names(study)[0],
+        )
+    return ranked[0]
+
+
+def _run_data(args: argparse.Namespace, study: optuna.Study) -> Any:
+    """The task of the run: ``--config``'s ``[data]``, else the one the run recorded."""
+    from optuna_hpcnas._records import run_data_of
+    from optuna_hpcnas.config import DataConfig
+    from optuna_hpcnas.data import DataError
+
+    if getattr(args, "config", None):
+        data = _load_config(args.config).data
     else:
-        ranked = best_trials(study, top=1)
-        if not ranked:
-            raise CLIError(f"study {study.study_name!r} has no completed trial yet")
-        trial = ranked[0]
-        if len(study.directions) > 1:
-            _logger.info(
-                "Multi-objective study: exporting the Pareto-front trial best in %s "
-                "(choose another with --trial).",
-                _metric_names(study)[0],
+        recorded = run_data_of(study)
+        if recorded is None:
+            raise CLIError(
+                f"study {study.study_name!r} records no data set (it was not made by "
+                "`hpcnas run`): pass --config with the run's [data] table"
             )
+        data = DataConfig(**recorded)
+    try:
+        return data.load()
+    except (DataError, FileNotFoundError) as e:
+        raise CLIError(str(e)) from None
+
+
+def _export_recipe(args: argparse.Namespace) -> Any:
+    from dataclasses import replace
+
+    recipe = _load_config(args.config).export if getattr(args, "config", None) else None
+    if recipe is None:
+        from optuna_hpcnas.evaluation import ScratchTrainingConfig
+
+        recipe = ScratchTrainingConfig(epochs=30)
+    return replace(recipe, epochs=args.epochs) if args.epochs is not None else recipe
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    from optuna_hpcnas._export import export_trial
+    from optuna_hpcnas._export import ExportError
+    from optuna_hpcnas.run import configure_threads
+
+    configure_threads(requested=None, ranks_on_node=1)
+    study = load_study(args)
+    trial = _pick_trial(study, args.trial)
     arch = _architecture(study, trial)
     if arch is None:
         raise CLIError(
             f"trial {trial.number} has no architecture: neither the user attribute "
             f"{_keys.OBJECTIVE_ARCH!r} nor a search space recorded in the study"
         )
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    from optuna_hpcnas._export import export_architecture
-
+    mode = "untrained" if args.untrained else "finetune" if args.finetune else "retrain"
+    recipe = _export_recipe(args)
+    data = _run_data(args, study)
+    if mode != "untrained":
+        print(
+            f"training trial {trial.number} ({mode}, {recipe.epochs} epochs, Adam lr "
+            f"{recipe.lr:g}, batch {recipe.batch_size}): {arch.describe()}",
+            flush=True,
+        )
     try:
-        written = export_architecture(
+        result = export_trial(
             study,
             trial,
             arch,
-            out,
-            onnx=not args.no_onnx,
-            input_shape=args.input_shape,
-            num_classes=args.num_classes,
+            Path(args.out),
+            data=data,
+            recipe=recipe,
+            mode=mode,
             weights=args.weights,
+            onnx=not args.no_onnx,
         )
-    except (ValueError, FileNotFoundError) as e:
-        raise CLIError(str(e)) from e
-    print(f"exported trial {trial.number}: {arch.describe()}")
-    for path, what in written:
+    except ExportError as e:
+        raise CLIError(str(e)) from None
+    m = result.metrics
+    print(
+        f"exported trial {trial.number}: test accuracy {m['test_accuracy']:.4f} on "
+        f"{len(data.test)} held-out samples (valid {m['valid_accuracy']:.4f})"
+    )
+    for path, what in result.files:
         print(f"  {path}  {what}")
     return 0
 
@@ -369,6 +443,7 @@ def _artifact_store(args: argparse.Namespace, storage: str) -> Any | None:
 
 def _cmd_dashboard(args: argparse.Namespace) -> int:
     storage, _ = resolve_storage(args)
+    check_storage(storage, must_exist=True)
     store = _artifact_store(args, storage)
     if args.refresh_plots:
         import optuna
@@ -435,17 +510,74 @@ def _cmd_template(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---------------------------------------------------------------------------- init
+STARTER = """\
+# A neural architecture search, as `hpcnas run --config nas.toml` runs it.
+# Every key is checked: a typo names the key and the allowed values.
+# Docs: README.md (quick start), docs/operations.md (every table and key).
+
+[study]
+name = "nas"
+storage = "sqlite:///nas.db"   # or a PostgreSQL/MySQL URL; leave it out to use $OPTUNA_STORAGE
+n_trials = 40                  # and/or timeout = 600 (seconds)
+
+[space]
+preset = "digits-small"        # digits-small | cifar-like | sequence, or file = "space.json"
+
+[data]
+name = "digits"                # digits | sequence | npz | image_folder | cifar10 (see docs)
+# factory = "mypackage.data:make_task"   # your own function returning optuna_hpcnas.data.TaskData
+
+[sampler]
+name = "evolutionary"          # evolutionary | qubo | tpe | gp | nsga2 | random
+seed = 0
+
+[pruner]
+name = "staged"                # staged (the [stages] below) | median | hyperband | none
+
+[stages]                       # quick -> medium -> full, early stop after `patience` epochs
+stages = [
+    { name = "quick", epochs = 1, lr = 1e-3, promote = 0.34 },
+    { name = "medium", epochs = 3, lr = 1e-2, promote = 0.34 },
+    { name = "full", epochs = 8, lr = 1e-2 },
+]
+patience = 3
+
+[training]                     # the supernet's warm-up before the search (k paths per batch)
+epochs = 8
+paths_per_batch = 5
+sampling = "fair"
+batch_size = 32
+lr = 0.01
+weight_decay = 0.0
+# threads = 1                  # torch threads per process (default: cores / ranks per node)
+
+[objective]                    # what a trial returns and how a candidate is fine-tuned
+objectives = ["accuracy"]      # or several of accuracy, loss, flops, params, latency
+optimizer = "adam"
+batch_size = 32
+# max_flops = 2e6              # hard limits become trial.set_constraint(...)
+
+[export]                       # `hpcnas export` retrains the best architecture with this
+epochs = 30
+
+[distributed]                  # under mpirun/srun: ranks per evaluation group
+group_size = 1
+"""
+
+
+def _cmd_init(args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    if out.is_dir():
+        raise CLIError(f"{args.out!r} is a directory; give a file name such as nas.toml")
+    if out.exists() and not args.force:
+        raise CLIError(f"{args.out!r} exists; pass --force to overwrite it")
+    out.write_text(STARTER)
+    print(f"wrote {out}; run it with: hpcnas run --config {out}")
+    return 0
+
+
 # ---------------------------------------------------------------------------- run / resume
-def _config_get(config: Any, *path: str) -> Any:
-    """``config.study.name`` or ``config["study"]["name"]``, ``None`` when absent."""
-    node = config
-    for key in path:
-        if node is None:
-            return None
-        node = node.get(key) if isinstance(node, dict) else getattr(node, key, None)
-    return node
-
-
 def _bcast(value: Any) -> Any:
     """Rank 0's ``value`` on every rank (only rank 0 reads the storage before the run)."""
     mpi = sys.modules.get("mpi4py.MPI")
@@ -461,7 +593,10 @@ def _remaining_budget(storage: str, name: str) -> tuple[str | None, int]:
     from optuna.trial import TrialState
 
     try:
+        check_storage(storage, must_exist=True)
         names = [s.study_name for s in optuna.study.get_all_study_summaries(storage=storage)]
+    except CLIError as e:
+        return str(e), 0
     except Exception as e:
         return f"cannot open storage {mask_url(storage)}: {type(e).__name__}", 0
     if name not in names:
@@ -489,17 +624,13 @@ def _running_trials(storage: str, name: str) -> int:
     return len(study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
 
 
-def _cmd_run(args: argparse.Namespace, *, resume: bool) -> int:
-    rank, size = mpi_rank_and_size()
-    try:
-        from optuna_hpcnas.config import ConfigError
-        from optuna_hpcnas.config import load_config
-        from optuna_hpcnas.distributed import run_search
-    except ImportError as e:
-        raise CLIError(f"`hpcnas {args.command}` needs the search runner: {e}") from e
+def _run_config(args: argparse.Namespace) -> Any:
+    from optuna_hpcnas.config import ConfigError
+    from optuna_hpcnas.config import parse_overrides
+
     try:
         overrides = parse_overrides(args.set or [])
-    except ValueError as e:
+    except ConfigError as e:
         raise CLIError(str(e)) from None
     if args.n_trials is not None:
         overrides["study.n_trials"] = args.n_trials
@@ -507,15 +638,17 @@ def _cmd_run(args: argparse.Namespace, *, resume: bool) -> int:
         overrides["study.storage"] = args.storage
     if args.study_name:
         overrides["study.name"] = args.study_name
-    try:
-        config = load_config(args.config, overrides=overrides or None)
-    except ConfigError as e:
-        raise CLIError(f"{args.config}: {e}") from None
+    return _load_config(args.config, overrides)
+
+
+def _cmd_run(args: argparse.Namespace, *, resume: bool) -> int:
+    from optuna_hpcnas.run import run_search
+
+    rank, size = mpi_rank_and_size()
+    config = _run_config(args)
     storage = config.study.resolved_storage()
     name = config.study.name
     if resume:
-        if storage is None:
-            raise CLIError("resume needs a storage: [study] storage, --storage or OPTUNA_STORAGE")
         error, waiting = _bcast(_remaining_budget(storage, name) if rank == 0 else None)
         if error:
             raise CLIError(error)
@@ -527,6 +660,10 @@ def _cmd_run(args: argparse.Namespace, *, resume: bool) -> int:
         from optuna_hpcnas.config import with_overrides
 
         config = with_overrides(config, study={"n_trials": waiting})
+    else:
+        error = _bcast(_storage_error(storage) if rank == 0 else None)
+        if error:
+            raise CLIError(error)
     metrics_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
     if metrics_dir:
         Path(metrics_dir).mkdir(parents=True, exist_ok=True)
@@ -536,20 +673,19 @@ def _cmd_run(args: argparse.Namespace, *, resume: bool) -> int:
             "%s study %r on %s with %d process(es)",
             "Resuming" if resume else "Running",
             name,
-            mask_url(storage) if storage else "in-memory storage",
+            mask_url(storage),
             size,
         )
-        if storage:
-            warn_if_sqlite_shared(
-                storage, n_processes=size, running_trials=_running_trials(storage, name)
-            )
+        warn_if_sqlite_shared(
+            storage, n_processes=size, running_trials=_running_trials(storage, name)
+        )
         if config.metrics.enabled:
             from optuna_hpcnas.metrics import SearchMetrics
             from optuna_hpcnas.metrics import serve_metrics
 
             metrics = SearchMetrics()
             server = serve_metrics(metrics, port=config.metrics.port, host=config.metrics.host)
-        if storage and (metrics is not None or not args.no_progress):
+        if metrics is not None or not args.no_progress:
             reporter = ProgressReporter(
                 storage,
                 name,
@@ -565,9 +701,17 @@ def _cmd_run(args: argparse.Namespace, *, resume: bool) -> int:
             reporter.stop()
         if server is not None:
             server.close()
-    if rank == 0 and storage:
-        _finish_message(storage, name, list(config.objective.metrics))
+    if rank == 0:
+        _finish_message(storage, name, list(config.objective.objectives))
     return 0
+
+
+def _storage_error(storage: str) -> str | None:
+    try:
+        check_storage(storage, must_exist=False)
+    except CLIError as e:
+        return str(e)
+    return None
 
 
 def _finish_message(storage: str, name: str, metric_names: list[str]) -> None:
@@ -600,61 +744,63 @@ def _add_study_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="a nas.toml whose [study] gives storage and name")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="hpcnas",
-        description="Neural architecture search with Optuna, from a laptop to an HPC cluster.",
+def _add_init_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", default="nas.toml", help="file to write (default: nas.toml)")
+    p.add_argument("--force", action="store_true", help="overwrite an existing file")
+
+
+def _add_run_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", required=True, help="the search's nas.toml")
+    p.add_argument(
+        "--set",
+        action="append",
+        metavar="KEY=VALUE",
+        help="override a config value, e.g. --set study.n_trials=20 (repeatable)",
     )
-    parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output")
-    parser.add_argument("-q", "--quiet", action="store_true", help="warnings and errors only")
-    from optuna_hpcnas import __version__
+    p.add_argument("--n-trials", type=int, help="same as --set study.n_trials=N")
+    p.add_argument("--storage", help=f"storage URL (default: config, then ${STORAGE_ENV})")
+    p.add_argument("--study-name", help="study name (default: from the config)")
+    p.add_argument("--no-progress", action="store_true", help="no progress display")
 
-    parser.add_argument("--version", action="version", version=f"optuna-hpcnas {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    for name, text in (
-        ("run", "run a search from a TOML config"),
-        ("resume", "continue a stopped search (same config)"),
-    ):
-        p = sub.add_parser(name, help=text, description=text)
-        p.add_argument("--config", required=True, help="the search's nas.toml")
-        p.add_argument(
-            "--set",
-            action="append",
-            metavar="KEY=VALUE",
-            help="override a config value, e.g. --set study.n_trials=20 (repeatable)",
-        )
-        p.add_argument("--n-trials", type=int, help="same as --set study.n_trials=N")
-        p.add_argument("--storage", help=f"storage URL (default: config, then ${STORAGE_ENV})")
-        p.add_argument("--study-name", help="study name (default: from the config)")
-        p.add_argument("--no-progress", action="store_true", help="no progress display")
-
-    p = sub.add_parser("status", help="progress, trials by state, utilisation")
+def _add_status_args(p: argparse.ArgumentParser) -> None:
     _add_study_args(p)
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
-    p = sub.add_parser("best", help="top architectures, or the Pareto front")
-    _add_study_args(p)
+
+def _add_best_args(p: argparse.ArgumentParser) -> None:
+    _add_status_args(p)
     p.add_argument("--top", type=int, default=5, help="how many (single objective)")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
 
-    p = sub.add_parser("export", help="the best architecture as a PyTorch module (and ONNX)")
+
+def _add_export_args(p: argparse.ArgumentParser) -> None:
     _add_study_args(p)
     p.add_argument("--trial", type=int, help="export this trial instead of the best")
     p.add_argument("--out", default="hpcnas-export", help="output directory")
     p.add_argument("--no-onnx", action="store_true", help="skip the ONNX file")
     p.add_argument(
-        "--input-shape",
-        type=lambda s: tuple(int(x) for x in s.split(",")),
-        help="input shape without batch, e.g. 1,8,8 (default: the built-in task of the domain)",
+        "--epochs", type=int, help="training epochs (default: [export] epochs, else 30)"
     )
-    p.add_argument("--num-classes", type=int, help="classes of the head (default: the task's)")
-    p.add_argument("--weights", help="supernet state_dict file (torch.save) to inherit from")
+    how = p.add_mutually_exclusive_group()
+    how.add_argument(
+        "--finetune",
+        action="store_true",
+        help="continue from the supernet's weights instead of retraining from scratch",
+    )
+    how.add_argument(
+        "--untrained", action="store_true", help="write the module without any training"
+    )
+    p.add_argument(
+        "--weights",
+        help="supernet state_dict (torch.save, read with weights_only=True) for --finetune "
+        "(default: the study's newest supernet checkpoint)",
+    )
 
-    p = sub.add_parser("dashboard", help="optuna-dashboard on the study's storage")
+
+def _add_dashboard_args(p: argparse.ArgumentParser) -> None:
     _add_study_args(p)
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8080)
+    p.add_argument("--port", type=int, default=8080, help="port (default 8080)")
     p.add_argument("--artifact-dir", help="a FileSystemArtifactStore directory")
     p.add_argument(
         "--refresh-plots",
@@ -662,16 +808,74 @@ def build_parser() -> argparse.ArgumentParser:
         help="recompute the Pareto-front and trajectory plots before serving",
     )
 
-    p = sub.add_parser("template", help="write a Slurm / mpirun / Kubernetes / Grafana file")
-    p.add_argument("kind", choices=["slurm", "mpirun", "mpijob", "grafana", "prometheus", "all"])
+
+def _add_template_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "kind",
+        choices=["slurm", "mpirun", "mpijob", "grafana", "prometheus", "all"],
+        help="which file",
+    )
     p.add_argument("--out", help="output file (directory for 'all'); default: stdout")
     p.add_argument("--config-path", default="nas.toml", help="config path used by the job")
-    p.add_argument("--nodes", type=int, default=2)
-    p.add_argument("--ranks-per-node", type=int, default=4)
+    p.add_argument("--nodes", type=int, default=2, help="nodes of the job (default 2)")
+    p.add_argument("--ranks-per-node", type=int, default=4, help="MPI ranks per node (default 4)")
     p.add_argument("--gpus-per-node", type=int, default=4, help="0 for CPU-only nodes")
     p.add_argument("--time", default="24:00:00", help="Slurm time limit")
-    p.add_argument("--partition")
-    p.add_argument("--account")
+    p.add_argument("--partition", help="Slurm partition")
+    p.add_argument("--account", help="Slurm account")
+
+
+# name -> (one-line help, description, argument adder)
+_SUBCOMMANDS: dict[str, tuple[str, str, Any]] = {
+    "init": ("write a commented starter nas.toml", "write a starter config", _add_init_args),
+    "run": ("run a search from a TOML config", "run a search from a TOML config", _add_run_args),
+    "resume": (
+        "continue a stopped search (same config)",
+        "run exactly the trials a stopped search left",
+        _add_run_args,
+    ),
+    "status": (
+        "progress, trials by state, utilisation",
+        "progress, trials by state, throughput and per-rank compute share",
+        _add_status_args,
+    ),
+    "best": (
+        "top architectures, or the Pareto front",
+        "top architectures (single objective) or the Pareto front",
+        _add_best_args,
+    ),
+    "export": (
+        "the best architecture, trained, as files",
+        "train the best architecture (retrained from scratch by default) and write it as a "
+        "torch.export program and ONNX; prints its held-out test accuracy",
+        _add_export_args,
+    ),
+    "dashboard": (
+        "optuna-dashboard on the study's storage",
+        "serve optuna-dashboard (with the checkpoints as artifacts)",
+        _add_dashboard_args,
+    ),
+    "template": (
+        "write a Slurm / mpirun / Kubernetes / Grafana file",
+        "write a launch or operations file",
+        _add_template_args,
+    ),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from optuna_hpcnas import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="hpcnas",
+        description="Neural architecture search with Optuna, from a laptop to an HPC cluster.",
+    )
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output")
+    parser.add_argument("-q", "--quiet", action="store_true", help="warnings and errors only")
+    parser.add_argument("--version", action="version", version=f"optuna-hpcnas {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (text, description, add_arguments) in _SUBCOMMANDS.items():
+        add_arguments(sub.add_parser(name, help=text, description=description))
     return parser
 
 
@@ -705,6 +909,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     rank, _ = mpi_rank_and_size()
     _setup_logging(args.verbose, args.quiet, rank)
     commands = {
+        "init": _cmd_init,
         "run": lambda a: _cmd_run(a, resume=False),
         "resume": lambda a: _cmd_run(a, resume=True),
         "status": _cmd_status,

@@ -1,29 +1,33 @@
 """Run configuration: one TOML file for a whole search (what ``hpcnas run --config`` reads).
 
-Every table maps onto one frozen dataclass (``Cls(**table)``) that validates its values at
-once; an unknown table, key or value raises ``ConfigError`` naming the key and what is
-allowed. Example::
+Every table maps onto one frozen dataclass that validates its values at once; an unknown
+table, key or value raises ``ConfigError`` naming the key and what is allowed. The tables
+that configure a component take that component's own class, so the Python API and the file
+accept the same fields: ``[objective]`` is ``ObjectiveConfig``, ``[training]`` is
+``SupernetTrainingConfig`` (plus ``device`` and ``threads``), ``[stages]`` is ``StagePlan``,
+``[export]`` is ``ScratchTrainingConfig``, ``[checkpoints]`` is ``CheckpointConfig`` and
+``[distributed]`` is ``DistributedConfig``. Example::
 
     [study]
     name = "digits"
     storage = "sqlite:///nas.db"      # or the OPTUNA_STORAGE environment variable
-    directions = ["maximize"]
     n_trials = 40
 
     [space]
     preset = "digits-small"
-    overrides = { max_ranks = 2 }
 
     [sampler]
-    name = "tpe"
+    name = "evolutionary"
     seed = 0
+
+    [pruner]
+    name = "staged"
 
     [distributed]
     group_size = 2
-    sync_interval = 2
 
 ``load_config(path, overrides=["distributed.group_size=4"])`` applies dotted overrides (TOML
-values) on top of the file.
+values) on top of the file; ``hpcnas run --set`` uses the same parser.
 """
 
 from __future__ import annotations
@@ -36,26 +40,29 @@ from dataclasses import fields
 from dataclasses import replace
 import os
 from pathlib import Path
-
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    import tomli as tomllib  # type: ignore[no-redef]
+import re
+import sys
 from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Python 3.10: the same parser, from PyPI
+    import tomli as tomllib
 
 from optuna_hpcnas._validation import check_choice
 from optuna_hpcnas._validation import check_int
 from optuna_hpcnas._validation import check_number
-from optuna_hpcnas.checkpoints._config import CheckpointConfig as _CheckpointSettings
+from optuna_hpcnas.checkpoints._config import CheckpointConfig
 from optuna_hpcnas.distributed._config import DistributedConfig
+from optuna_hpcnas.evaluation._config import DIRECTIONS as OBJECTIVE_DIRECTIONS
+from optuna_hpcnas.evaluation._config import ObjectiveConfig
 
-SAMPLERS = ("tpe", "random", "nsga2", "evolutionary", "qubo")
+SAMPLERS = ("tpe", "random", "nsga2", "gp", "evolutionary", "qubo")
 PRUNERS = ("none", "median", "successive_halving", "hyperband", "staged")
 DIRECTIONS = ("maximize", "minimize")
-METRICS = ("accuracy", "loss", "flops", "params", "latency")
-DATASETS = ("digits", "sequence")
+DATASETS = ("digits", "sequence", "npz", "image_folder", "cifar10")
 DEVICES = ("auto", "cpu", "cuda")
-OPTIMIZERS = ("adamw", "sgd")
+DEFAULT_STORAGE = "sqlite:///{name}.db"
 
 
 class ConfigError(ValueError):
@@ -69,12 +76,16 @@ def _table(name: str, value: Any) -> None:
 
 @dataclass(frozen=True)
 class StudyConfig:
-    """``[study]``: the Optuna study. ``storage`` falls back to ``OPTUNA_STORAGE``; without
-    either, one process uses an in-memory study and several processes are refused."""
+    """``[study]``: the Optuna study.
+
+    ``storage`` falls back to ``OPTUNA_STORAGE``, then to ``sqlite:///<name>.db`` in the
+    working directory (logged). ``directions`` default to those of ``[objective]
+    objectives``.
+    """
 
     name: str = "hpcnas"
     storage: str | None = None
-    directions: tuple[str, ...] = ("maximize",)
+    directions: tuple[str, ...] | None = None
     n_trials: int | None = None
     timeout: float | None = None
     load_if_exists: bool = True
@@ -82,22 +93,29 @@ class StudyConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
             raise TypeError(f"`name` must be a non-empty string, but got {self.name!r}.")
-        if self.storage is not None and not isinstance(self.storage, str):
+        if self.storage is not None and (not isinstance(self.storage, str) or not self.storage):
             raise TypeError(f"`storage` must be a URL string, but got {self.storage!r}.")
-        if isinstance(self.directions, str):
-            object.__setattr__(self, "directions", (self.directions,))
-        object.__setattr__(self, "directions", tuple(self.directions))
-        if not self.directions:
-            raise ValueError("`directions` is empty; give at least one direction.")
-        for d in self.directions:
-            check_choice("directions", d, DIRECTIONS)
+        if self.directions is not None:
+            directions = (
+                (self.directions,) if isinstance(self.directions, str) else self.directions
+            )
+            object.__setattr__(self, "directions", tuple(directions))
+            if not directions:
+                raise ValueError("`directions` is empty; give at least one direction.")
+            for d in directions:
+                check_choice("directions", d, DIRECTIONS)
         check_int("n_trials", self.n_trials, 1, allow_none=True)
         check_number("timeout", self.timeout, allow_none=True)
         if self.n_trials is None and self.timeout is None:
             raise ValueError("Set `n_trials` or `timeout` (or both): the search must end.")
+        if not isinstance(self.load_if_exists, bool):
+            raise TypeError(f"`load_if_exists` must be a bool, but got {self.load_if_exists!r}.")
 
-    def resolved_storage(self) -> str | None:
-        return self.storage if self.storage is not None else os.environ.get("OPTUNA_STORAGE")
+    def resolved_storage(self) -> str:
+        """``storage``, else ``$OPTUNA_STORAGE``, else the SQLite file of the study."""
+        if self.storage is not None:
+            return self.storage
+        return os.environ.get("OPTUNA_STORAGE") or DEFAULT_STORAGE.format(name=self.name)
 
 
 @dataclass(frozen=True)
@@ -123,23 +141,30 @@ class SpaceConfig:
 
     def build(self) -> Any:
         """The ``HierarchicalSearchSpace``."""
+        import json
+
         from optuna_hpcnas.search_space import HierarchicalSearchSpace
 
-        if self.file is not None:
-            data = {**__import__("json").loads(Path(self.file).read_text()), **self.overrides}
-            return HierarchicalSearchSpace.from_dict(data)
-        assert self.preset is not None
         try:
+            if self.file is not None:
+                try:
+                    data = json.loads(Path(self.file).read_text())
+                except (OSError, ValueError) as e:
+                    raise ConfigError(f"[space] file {self.file!r}: {e}") from None
+                return HierarchicalSearchSpace.from_dict({**data, **self.overrides})
+            assert self.preset is not None
             return HierarchicalSearchSpace.preset(self.preset, **self.overrides)
-        except TypeError as e:
-            raise ConfigError(f"[space] overrides: {e}") from None
+        except (TypeError, ValueError) as e:
+            if isinstance(e, ConfigError):
+                raise
+            raise ConfigError(f"[space] {e}") from None
 
 
 @dataclass(frozen=True)
 class SamplerConfig:
     """``[sampler]``: ``name`` and ``seed``; ``kwargs`` go to the sampler's constructor."""
 
-    name: str = "tpe"
+    name: str = "evolutionary"
     seed: int | None = None
     kwargs: Mapping[str, Any] = field(default_factory=dict)
 
@@ -156,32 +181,34 @@ class SamplerConfig:
 
         seed = None if self.seed is None else self.seed + seed_offset
         kwargs = dict(self.kwargs)
-        if self.name == "tpe":
-            return optuna.samplers.TPESampler(seed=seed, **kwargs)
-        if self.name == "random":
-            return optuna.samplers.RandomSampler(seed=seed, **kwargs)
-        if self.name == "nsga2":
-            return optuna.samplers.NSGAIISampler(seed=seed, **kwargs)
-        import importlib
-
+        builtin = {
+            "tpe": optuna.samplers.TPESampler,
+            "random": optuna.samplers.RandomSampler,
+            "nsga2": optuna.samplers.NSGAIISampler,
+            "gp": optuna.samplers.GPSampler,
+        }
         try:
-            samplers = importlib.import_module("optuna_hpcnas.samplers")
-            cls = getattr(
-                samplers, {"evolutionary": "EvolutionarySampler"}.get(self.name, "QUBOSampler")
-            )
-        except (ImportError, AttributeError):
+            if self.name in builtin:
+                return builtin[self.name](seed=seed, **kwargs)
+            from optuna_hpcnas import samplers
+
+            cls = {"evolutionary": samplers.EvolutionarySampler, "qubo": samplers.QUBOSampler}
+            return cls[self.name](seed=seed, **kwargs)
+        except ImportError as e:
             raise ConfigError(
-                f"[sampler] name = {self.name!r} is not available in this installation "
-                "(optuna_hpcnas.samplers lacks it)."
+                f"[sampler] name = {self.name!r} needs a missing package: {e} "
+                "(install optuna-hpcnas[qubo] for 'qubo')."
             ) from None
-        return cls(seed=seed, **kwargs)
+        except TypeError as e:
+            raise ConfigError(f"[sampler] kwargs: {e}") from None
 
 
 @dataclass(frozen=True)
 class PrunerConfig:
-    """``[pruner]``: ``name`` and constructor ``kwargs``."""
+    """``[pruner]``: ``name`` and constructor ``kwargs``. ``staged`` takes the ``[stages]``
+    plan unless its kwargs give one."""
 
-    name: str = "none"
+    name: str = "staged"
     kwargs: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -189,116 +216,157 @@ class PrunerConfig:
         _table("kwargs", self.kwargs)
         object.__setattr__(self, "kwargs", dict(self.kwargs))
 
-    def build(self) -> Any:
+    def build(self, stages: Any = None) -> Any:
         import optuna
 
         kw = dict(self.kwargs)
-        if self.name == "none":
-            return optuna.pruners.NopPruner()
-        if self.name == "median":
-            return optuna.pruners.MedianPruner(**kw)
-        if self.name == "successive_halving":
-            return optuna.pruners.SuccessiveHalvingPruner(**kw)
-        if self.name == "hyperband":
-            return optuna.pruners.HyperbandPruner(**kw)
         try:
+            if self.name == "none":
+                return optuna.pruners.NopPruner()
+            if self.name == "median":
+                return optuna.pruners.MedianPruner(**kw)
+            if self.name == "successive_halving":
+                return optuna.pruners.SuccessiveHalvingPruner(**kw)
+            if self.name == "hyperband":
+                return optuna.pruners.HyperbandPruner(**kw)
             from optuna_hpcnas.pruners import StagedPruner
-        except ImportError:
-            raise ConfigError(
-                "[pruner] name = 'staged' is not available in this installation "
-                "(optuna_hpcnas.pruners lacks StagedPruner)."
-            ) from None
-        return StagedPruner(**kw)
 
-
-@dataclass(frozen=True)
-class TrainingConfig:
-    """``[training]`` (alias ``[supernet]``): how each candidate is trained and scored.
-
-    Per trial: ``supernet_steps`` single-path steps of the shared supernet on the candidate's
-    path (SGD, ``supernet_lr``), then ``epochs`` epochs of ``steps_per_epoch`` optimizer
-    steps (AdamW, ``lr``) fine-tuning the candidate's inherited layers in its engine, with
-    the validation metric reported after each epoch (where the pruner decides). With
-    ``[pruner] name = "staged"`` the pruner's stage plan sets the epochs and each epoch's
-    learning rate instead (the articles' SGD rates: use ``optimizer = "sgd"``).
-    """
-
-    epochs: int = 2
-    steps_per_epoch: int = 20
-    lr: float = 1e-2
-    weight_decay: float = 0.0
-    supernet_steps: int = 10
-    supernet_lr: float = 0.05
-    optimizer: str = "adamw"
-    momentum: float = 0.9
-    device: str = "auto"
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        check_int("epochs", self.epochs, 1, allow_none=True)
-        check_int("steps_per_epoch", self.steps_per_epoch, 1, allow_none=True)
-        check_number("lr", self.lr)
-        check_number("weight_decay", self.weight_decay, positive=False)
-        check_int("supernet_steps", self.supernet_steps, 0, allow_none=True)
-        check_number("supernet_lr", self.supernet_lr)
-        check_choice("optimizer", self.optimizer, OPTIMIZERS)
-        check_number("momentum", self.momentum, positive=False)
-        check_choice("device", self.device, DEVICES)
-        check_int("seed", self.seed, 0, allow_none=True)
-
-
-@dataclass(frozen=True)
-class ObjectiveConfig:
-    """``[objective]``: the value(s) returned per trial, one per study direction."""
-
-    metrics: tuple[str, ...] = ("accuracy",)
-
-    def __post_init__(self) -> None:
-        if isinstance(self.metrics, str):
-            object.__setattr__(self, "metrics", (self.metrics,))
-        object.__setattr__(self, "metrics", tuple(self.metrics))
-        if not self.metrics:
-            raise ValueError("`metrics` is empty; give at least one metric.")
-        for m in self.metrics:
-            check_choice("metrics", m, METRICS)
+            if "plan" not in kw and stages is not None:
+                kw["plan"] = stages
+            return StagedPruner(**kw)
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"[pruner] kwargs: {e}") from None
 
 
 @dataclass(frozen=True)
 class DataConfig:
-    """``[data]``: a built-in data set and its split."""
+    """``[data]``: the task the search runs on.
+
+    Args:
+        name: ``digits`` (scikit-learn's, offline), ``sequence`` (synthetic), ``npz`` (arrays
+            ``x_train, y_train`` and optionally ``x_valid, y_valid, x_test, y_test`` in
+            ``path``), ``image_folder`` (``root/train/<class>/*.png``, optional ``val/`` and
+            ``test/``) or ``cifar10`` (CIFAR-10's files already in ``root``; never
+            downloaded).
+        path: The ``.npz`` file.
+        root: The image folder or the CIFAR-10 directory.
+        factory: ``"package.module:function"`` returning a ``TaskData`` (called with
+            ``seed=`` and ``factory_kwargs``); replaces ``name``.
+        factory_kwargs: Keyword arguments of ``factory``.
+        validation_fraction: Share of the training data held out for validation when the
+            source has no validation split (and for the test split when it has none).
+        seed: Seed of the splits.
+        normalize: Standardise inputs with the training statistics (per channel for images).
+        image_size: ``[height, width]`` images are resized to (``image_folder``); default:
+            the size of the first image, every other must match.
+        max_samples: Use at most this many training samples (``None``: all).
+    """
 
     name: str = "digits"
+    path: str | None = None
+    root: str | None = None
+    factory: str | None = None
+    factory_kwargs: Mapping[str, Any] = field(default_factory=dict)
     validation_fraction: float = 0.2
     seed: int = 0
+    normalize: bool = True
+    image_size: tuple[int, int] | None = None
+    max_samples: int | None = None
 
     def __post_init__(self) -> None:
         check_choice("name", self.name, DATASETS)
-        check_number("validation_fraction", self.validation_fraction)
-        if not 0 < self.validation_fraction < 1:
+        for key in ("path", "root"):
+            value = getattr(self, key)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise TypeError(f"`{key}` must be a path string, but got {value!r}.")
+        if self.factory is not None and (
+            not isinstance(self.factory, str) or not re.fullmatch(r"[\w.]+:[\w.]+", self.factory)
+        ):
             raise ValueError(
-                f"`validation_fraction` is {self.validation_fraction}, but must be in (0, 1)."
+                f"`factory` is {self.factory!r}, but must look like 'package.module:function'."
             )
-        check_int("seed", self.seed, 0, allow_none=True)
+        if self.factory is None:
+            if self.name == "npz" and self.path is None:
+                raise ValueError("[data] name = 'npz' needs `path` (the .npz file).")
+            if self.name in ("image_folder", "cifar10") and self.root is None:
+                raise ValueError(f"[data] name = {self.name!r} needs `root` (a directory).")
+        _table("factory_kwargs", self.factory_kwargs)
+        object.__setattr__(self, "factory_kwargs", dict(self.factory_kwargs))
+        check_number("validation_fraction", self.validation_fraction)
+        if not 0 < self.validation_fraction < 0.5:
+            raise ValueError(
+                f"`validation_fraction` is {self.validation_fraction}, but must be in (0, 0.5)."
+            )
+        check_int("seed", self.seed, 0)
+        if not isinstance(self.normalize, bool):
+            raise TypeError(f"`normalize` must be a bool, but got {self.normalize!r}.")
+        if self.image_size is not None:
+            size = tuple(self.image_size)
+            if len(size) != 2 or any(
+                isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in size
+            ):
+                raise ValueError(
+                    f"`image_size` is {self.image_size!r}, but must be [height, width]."
+                )
+            object.__setattr__(self, "image_size", size)
+        check_int("max_samples", self.max_samples, 10, allow_none=True)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The table (for the study's records; ``DataConfig(**d)`` reads it back)."""
+        return {
+            f.name: list(v) if isinstance(v := getattr(self, f.name), tuple) else v
+            for f in fields(self)
+        }
+
+    def load(self) -> Any:
+        """The ``TaskData`` (``optuna_hpcnas.data.load_task``)."""
+        from optuna_hpcnas.data import load_task
+
+        return load_task(self)
 
 
 @dataclass(frozen=True)
-class CheckpointConfig(_CheckpointSettings):
-    """``[checkpoints]``: the checkpoint component's ``CheckpointConfig`` plus ``enabled``.
+class TrainingSection:
+    """``[training]``: the supernet's warm-up (every ``SupernetTrainingConfig`` field) plus
+    where and how wide the process computes.
 
-    ``enabled`` turns on supernet checkpoints (weights, optimizer, RNG, the runner's cursor)
-    in the study's own database every ``every_n_steps`` supernet steps, the top-k
-    architectures every ``every_p_trials`` finished trials, and a restore from the newest
-    valid checkpoint at start. ``heartbeat_interval``, ``grace_period`` and ``max_retry``
-    apply to every RDB storage, enabled or not: a killed worker's trial is retried when the
-    search is run again. See ``optuna_hpcnas.checkpoints.CheckpointConfig`` for every key.
+    Args:
+        supernet: ``paths_per_batch``, ``sampling``, ``optimizer``, ``lr``, ``momentum``,
+            ``weight_decay``, ``batch_size``, ``epochs`` (warm-up epochs before the search),
+            ``precision``, ``grad_clip``, ``bn_recalibration_batches``, ``seed``.
+        device: ``"auto"`` (CUDA when available), ``"cpu"`` or ``"cuda"``.
+        threads: torch intra-op threads of each process; default: ``OMP_NUM_THREADS`` when
+            set, else the cores of the node divided by the ranks on it.
+        warmup_max_batches: Cap on warm-up batches per epoch (``None``: the whole set).
     """
 
-    enabled: bool = False
+    supernet: Any = None
+    device: str = "auto"
+    threads: int | None = None
+    warmup_max_batches: int | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.enabled, bool):
-            raise TypeError(f"`enabled` must be a bool, but got {self.enabled!r}.")
-        super().__post_init__()
+        from optuna_hpcnas.supernet import SupernetTrainingConfig
+
+        if self.supernet is None:
+            object.__setattr__(self, "supernet", SupernetTrainingConfig())
+        check_choice("device", self.device, DEVICES)
+        check_int("threads", self.threads, 1, allow_none=True)
+        check_int("warmup_max_batches", self.warmup_max_batches, 1, allow_none=True)
+
+    @classmethod
+    def from_table(cls, table: Mapping[str, Any]) -> TrainingSection:
+        from optuna_hpcnas.supernet import SupernetTrainingConfig
+
+        own = {f.name for f in fields(cls)} - {"supernet"}
+        allowed = sorted(own | {f.name for f in fields(SupernetTrainingConfig)})
+        unknown = [k for k in table if k not in allowed]
+        if unknown:
+            raise ConfigError(
+                f"Unknown key `{unknown[0]}` in [training]; allowed keys: {allowed}."
+            )
+        supernet = SupernetTrainingConfig(**{k: v for k, v in table.items() if k not in own})
+        return cls(supernet=supernet, **{k: v for k, v in table.items() if k in own})
 
 
 @dataclass(frozen=True)
@@ -319,6 +387,18 @@ class MetricsConfig:
         check_number("refresh_seconds", self.refresh_seconds)
 
 
+def _stage_plan() -> Any:
+    from optuna_hpcnas.pruners import StagePlan
+
+    return StagePlan()
+
+
+def _export_recipe() -> Any:
+    from optuna_hpcnas.evaluation import ScratchTrainingConfig
+
+    return ScratchTrainingConfig(epochs=30)
+
+
 @dataclass(frozen=True)
 class RunConfig:
     """A whole search: one field per TOML table."""
@@ -327,75 +407,112 @@ class RunConfig:
     space: SpaceConfig = field(default_factory=SpaceConfig)
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
     pruner: PrunerConfig = field(default_factory=PrunerConfig)
-    training: TrainingConfig = field(default_factory=TrainingConfig)
+    stages: Any = field(default_factory=_stage_plan)
+    training: TrainingSection = field(default_factory=TrainingSection)
     objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
     data: DataConfig = field(default_factory=DataConfig)
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
     checkpoints: CheckpointConfig = field(default_factory=CheckpointConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    export: Any = field(default_factory=_export_recipe)
 
     def __post_init__(self) -> None:
-        if len(self.objective.metrics) != len(self.study.directions):
+        given = self.study.directions
+        if given is not None and len(given) != len(self.objective.objectives):
             raise ConfigError(
-                f"[objective] metrics has {len(self.objective.metrics)} entries "
-                f"({list(self.objective.metrics)}) but [study] directions has "
-                f"{len(self.study.directions)} ({list(self.study.directions)}); give one "
-                "direction per metric."
+                f"[objective] objectives has {len(self.objective.objectives)} entries "
+                f"({list(self.objective.objectives)}) but [study] directions has "
+                f"{len(given)} ({list(given)}); give one direction per objective, or leave "
+                "directions out."
             )
 
-
-SECTIONS: dict[str, type] = {
-    "study": StudyConfig,
-    "space": SpaceConfig,
-    "sampler": SamplerConfig,
-    "pruner": PrunerConfig,
-    "training": TrainingConfig,
-    "supernet": TrainingConfig,
-    "objective": ObjectiveConfig,
-    "data": DataConfig,
-    "distributed": DistributedConfig,
-    "checkpoints": CheckpointConfig,
-    "metrics": MetricsConfig,
-}
-_FIELD_OF_SECTION = {"supernet": "training"}
+    @property
+    def directions(self) -> list[str]:
+        """The study's directions: ``[study] directions``, else the objectives'."""
+        if self.study.directions is not None:
+            return list(self.study.directions)
+        return [OBJECTIVE_DIRECTIONS[name] for name in self.objective.objectives]
 
 
-def _section(name: str, table: Any) -> Any:
-    cls = SECTIONS[name]
+def _section_classes() -> dict[str, Any]:
+    from optuna_hpcnas.evaluation import ScratchTrainingConfig
+    from optuna_hpcnas.pruners import StagePlan
+
+    return {
+        "study": StudyConfig,
+        "space": SpaceConfig,
+        "sampler": SamplerConfig,
+        "pruner": PrunerConfig,
+        "stages": StagePlan,
+        "training": TrainingSection.from_table,
+        "objective": ObjectiveConfig,
+        "data": DataConfig,
+        "distributed": DistributedConfig,
+        "checkpoints": CheckpointConfig,
+        "metrics": MetricsConfig,
+        "export": ScratchTrainingConfig,
+    }
+
+
+SECTIONS = (
+    "study",
+    "space",
+    "sampler",
+    "pruner",
+    "stages",
+    "training",
+    "objective",
+    "data",
+    "distributed",
+    "checkpoints",
+    "metrics",
+    "export",
+)
+
+
+def _section(name: str, table: Any, build: Any) -> Any:
     if not isinstance(table, Mapping):
         raise ConfigError(f"[{name}] must be a table, but got {table!r}.")
-    allowed = [f.name for f in fields(cls)]
-    for key in table:
-        if key not in allowed:
-            raise ConfigError(f"Unknown key `{key}` in [{name}]; allowed keys: {allowed}.")
+    if isinstance(build, type):
+        allowed = [f.name for f in fields(build)]
+        for key in table:
+            if key not in allowed:
+                raise ConfigError(f"Unknown key `{key}` in [{name}]; allowed keys: {allowed}.")
     try:
-        return cls(**table)
+        return build(**table) if isinstance(build, type) else build(table)
     except ConfigError:
         raise
     except (TypeError, ValueError) as e:
         raise ConfigError(f"[{name}] {e}") from None
 
 
-def _parse_override(text: str) -> tuple[str, Any]:
-    if "=" not in text:
-        raise ConfigError(f"Override {text!r} must look like `section.key=value`.")
-    key, raw = (part.strip() for part in text.split("=", 1))
-    try:
-        value = tomllib.loads(f"v = {raw}")["v"]
-    except tomllib.TOMLDecodeError:
-        value = raw  # a bare word is a string
-    return key, value
+_KEY = re.compile(r"^[A-Za-z_][\w-]*(\.[A-Za-z_][\w-]*)+$")
 
 
-def _apply_overrides(
-    data: dict[str, Any], overrides: Mapping[str, Any] | Sequence[str]
-) -> dict[str, Any]:
-    pairs = (
-        list(overrides.items())
-        if isinstance(overrides, Mapping)
-        else [_parse_override(o) for o in overrides]
-    )
-    for dotted, value in pairs:
+def parse_overrides(pairs: Sequence[str]) -> dict[str, Any]:
+    """``["study.n_trials=20", "sampler.name=tpe"]`` -> ``{"study.n_trials": 20, ...}``.
+
+    Values are read as TOML values when they parse (numbers, booleans, arrays, quoted
+    strings), else kept as plain strings.
+    """
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        key = key.strip()
+        if not sep or not _KEY.match(key):
+            raise ConfigError(
+                f"Override {pair!r} must look like 'section.key=value' (e.g. study.n_trials=20)."
+            )
+        try:
+            value: Any = tomllib.loads(f"v = {raw.strip()}")["v"]
+        except tomllib.TOMLDecodeError:
+            value = raw.strip()  # a bare word is a string
+        out[key] = value
+    return out
+
+
+def _apply_overrides(data: dict[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
+    for dotted, value in overrides.items():
         section, _, key = dotted.partition(".")
         if not key:
             raise ConfigError(f"Override key {dotted!r} must look like `section.key`.")
@@ -415,15 +532,18 @@ def config_from_dict(
     """A ``RunConfig`` from parsed TOML (``load_config`` without the file)."""
     data = {k: dict(v) if isinstance(v, Mapping) else v for k, v in data.items()}
     if overrides:
-        data = _apply_overrides(data, overrides)
+        pairs = overrides if isinstance(overrides, Mapping) else parse_overrides(overrides)
+        data = _apply_overrides(data, pairs)
     unknown = [k for k in data if k not in SECTIONS]
     if unknown:
         raise ConfigError(f"Unknown section [{unknown[0]}]; allowed sections: {list(SECTIONS)}.")
-    if "supernet" in data and "training" in data:
-        raise ConfigError("Give [training] or its alias [supernet], not both.")
     if "study" not in data:
-        raise ConfigError("The [study] table is missing (it needs at least n_trials or timeout).")
-    kwargs = {_FIELD_OF_SECTION.get(k, k): _section(k, v) for k, v in data.items()}
+        raise ConfigError(
+            "The [study] table is missing: give at least `n_trials` or `timeout` "
+            "(`hpcnas init` writes a commented starter file)."
+        )
+    classes = _section_classes()
+    kwargs = {k: _section(k, v, classes[k]) for k, v in data.items()}
     try:
         return RunConfig(**kwargs)
     except ConfigError:
@@ -444,7 +564,8 @@ def load_config(
             a bare word is a string) applied on top of the file.
 
     Raises:
-        ConfigError: An unknown table, key or value, with the allowed ones.
+        ConfigError: A missing or unreadable file, invalid TOML, an unknown table, key or
+            value (with the allowed ones).
 
     Example:
         >>> import tempfile, pathlib
@@ -453,10 +574,15 @@ def load_config(
         >>> load_config(p, ["distributed.sync_interval=3"]).distributed.sync_interval
         3
     """
+    file = Path(path)
+    if file.is_dir():
+        raise ConfigError(f"Configuration {str(path)!r} is a directory, not a TOML file.")
     try:
-        data = tomllib.loads(Path(path).read_text())
+        data = tomllib.loads(file.read_text())
     except FileNotFoundError:
         raise ConfigError(f"Configuration file {str(path)!r} does not exist.") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"Configuration file {str(path)!r} cannot be read: {e}") from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path}: not valid TOML: {e}") from None
     return config_from_dict(data, overrides)
@@ -464,26 +590,22 @@ def load_config(
 
 def with_overrides(config: RunConfig, **sections: Mapping[str, Any]) -> RunConfig:
     """A copy of ``config`` with some keys of some sections replaced (validated again)."""
-    changed = {}
-    for name, values in sections.items():
-        current = getattr(config, _FIELD_OF_SECTION.get(name, name))
-        changed[_FIELD_OF_SECTION.get(name, name)] = replace(current, **values)
+    changed = {name: replace(getattr(config, name), **values) for name, values in sections.items()}
     return replace(config, **changed)
 
 
 __all__ = [
-    "CheckpointConfig",
     "ConfigError",
     "DataConfig",
     "MetricsConfig",
-    "ObjectiveConfig",
     "PrunerConfig",
     "RunConfig",
     "SamplerConfig",
     "SpaceConfig",
     "StudyConfig",
-    "TrainingConfig",
+    "TrainingSection",
     "config_from_dict",
     "load_config",
+    "parse_overrides",
     "with_overrides",
 ]

@@ -60,6 +60,41 @@ def make_sampler(name: str, seed: int) -> optuna.samplers.BaseSampler:
     raise ValueError(f"Unknown sampler {name!r}; use tpe, random, nsga2 or evolutionary.")
 
 
+def _objective(
+    space: Any,
+    data: Any,
+    seed: int,
+    supernet_epochs: int,
+    paths_per_batch: int,
+    max_batches_per_epoch: int | None,
+) -> Any:
+    """The demo's evaluation core: a fair k-path supernet, Adam fine-tuning."""
+    from optuna_hpcnas.evaluation import ObjectiveConfig
+    from optuna_hpcnas.evaluation import SupernetObjective
+    from optuna_hpcnas.supernet import SupernetTrainingConfig
+
+    return SupernetObjective(
+        space,
+        data,
+        training=SupernetTrainingConfig(
+            paths_per_batch=paths_per_batch,
+            sampling="fair",
+            epochs=supernet_epochs,
+            batch_size=32,
+            lr=0.01,
+            weight_decay=0.0,
+            seed=seed,
+        ),
+        config=ObjectiveConfig(
+            latency_repeats=5,
+            batch_size=32,
+            optimizer="adam",
+            max_batches_per_epoch=max_batches_per_epoch,
+        ),
+        seed=seed,
+    )
+
+
 @dataclass(frozen=True)
 class DemoResult:
     """What the demo found and how long it took."""
@@ -103,12 +138,7 @@ def run_demo(
 
     from optuna_hpcnas import HierarchicalSearchSpace
     from optuna_hpcnas.data import load_digits_task
-    from optuna_hpcnas.evaluation import ObjectiveConfig
-    from optuna_hpcnas.evaluation import SupernetObjective
-    from optuna_hpcnas.evaluation import train_from_scratch
-    from optuna_hpcnas.pruners import StagedPruner
     from optuna_hpcnas.search_space import Architecture
-    from optuna_hpcnas.supernet import SupernetTrainingConfig
 
     start = time.perf_counter()
     torch.set_num_threads(threads)
@@ -119,45 +149,16 @@ def run_demo(
         "digits: {} train / {} valid / {} test images; ".format(*data.sizes)
         + f"space digits-small ({space.cardinality():,} architectures)"
     )
-    objective = SupernetObjective(
-        space,
-        data,
-        training=SupernetTrainingConfig(
-            paths_per_batch=paths_per_batch,
-            sampling="fair",
-            epochs=supernet_epochs,
-            batch_size=32,
-            lr=0.01,
-            weight_decay=0.0,
-            seed=seed,
-        ),
-        config=ObjectiveConfig(
-            latency_repeats=5,
-            batch_size=32,
-            optimizer="adam",
-            max_batches_per_epoch=max_batches_per_epoch,
-        ),
-        seed=seed,
+    objective = _objective(
+        space, data, seed, supernet_epochs, paths_per_batch, max_batches_per_epoch
     )
-    t0 = time.perf_counter()
-    losses = objective.train_supernet(max_batches=max_batches_per_epoch)
-    supernet_seconds = time.perf_counter() - t0
-    out(
-        f"supernet: {supernet_epochs} epochs x {paths_per_batch} paths per batch in "
-        f"{supernet_seconds:.1f} s (loss {losses[0]:.2f} -> {losses[-1]:.2f})"
-    )
+    supernet_seconds = _warm_up(objective, supernet_epochs, paths_per_batch, out)
 
     name = study_name or f"digits-demo-{int(time.time())}"
-    study = optuna.create_study(
-        storage=storage,
-        study_name=name,
-        direction="maximize",
-        sampler=sampler or make_sampler("evolutionary", seed),
-        pruner=StagedPruner(plan if plan is not None else demo_plan()),
-    )
-    t0 = time.perf_counter()
-    study.optimize(objective, n_trials=n_trials, timeout=timeout)
-    search_seconds = time.perf_counter() - t0
+    study, search_seconds = _search(
+        storage, name, sampler or make_sampler("evolutionary", seed), plan, objective,
+        n_trials, timeout,
+    )  # fmt: skip
     trials = study.get_trials(deepcopy=False)
     done = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
     pruned = [t for t in trials if t.state == optuna.trial.TrialState.PRUNED]
@@ -168,26 +169,10 @@ def run_demo(
     if not done:
         raise RuntimeError("No trial completed; raise --timeout.")
     ranked = sorted(done, key=lambda t: t.value or 0.0, reverse=True)[:top]
-    out("")
-    out(f"{'#':>3} {'valid acc':>9} {'kFLOPs':>8} {'params':>7} {'latency':>9}  architecture")
-    for t in ranked:
-        ua = t.user_attrs
-        out(
-            f"{t.number:>3} {t.value:>9.4f} {ua['flops'] / 1e3:>8.1f} {int(ua['params']):>7} "
-            f"{ua['latency_s'] * 1e3:>7.3f}ms  {ua['arch_description']}"
-        )
+    _print_top(ranked, out)
     best = ranked[0]
     arch = Architecture.from_json(best.user_attrs["arch"])
-    t0 = time.perf_counter()
-    result = train_from_scratch(space, arch, data, epochs=retrain_epochs, seed=seed)
-    retrain_seconds = time.perf_counter() - t0
-    verdict = "meets" if result["test_accuracy"] >= 0.97 else "MISSES"
-    out("")
-    out(
-        f"best architecture retrained from scratch ({retrain_epochs} epochs, "
-        f"{retrain_seconds:.1f} s): test accuracy {result['test_accuracy']:.4f} "
-        f"({verdict} the 0.97 target), valid accuracy {result['valid_accuracy']:.4f}"
-    )
+    result, retrain_seconds = _retrain(space, arch, data, retrain_epochs, seed, out)
     total = time.perf_counter() - start
     out(f"total wall time {total:.1f} s")
     out(f"open the study: optuna-dashboard {storage}")
@@ -204,6 +189,74 @@ def run_demo(
         retrain_seconds=retrain_seconds,
         total_seconds=total,
     )
+
+
+def _warm_up(objective: Any, epochs: int, paths: int, out: Any) -> float:
+    """Train the supernet (k fair paths per batch); its seconds."""
+    t0 = time.perf_counter()
+    max_batches = objective.config.max_batches_per_epoch
+    losses = objective.train_supernet(max_batches=max_batches)
+    seconds = time.perf_counter() - t0
+    out(
+        f"supernet: {epochs} epochs x {paths} paths per batch in "
+        f"{seconds:.1f} s (loss {losses[0]:.2f} -> {losses[-1]:.2f})"
+    )
+    return seconds
+
+
+def _search(
+    storage: str,
+    name: str,
+    sampler: optuna.samplers.BaseSampler,
+    plan: Any,
+    objective: Any,
+    n_trials: int,
+    timeout: float,
+) -> tuple[optuna.Study, float]:
+    """The study (EvolutionarySampler, StagedPruner) after the search, and its seconds."""
+    from optuna_hpcnas.pruners import StagedPruner
+
+    study = optuna.create_study(
+        storage=storage,
+        study_name=name,
+        direction="maximize",
+        sampler=sampler,
+        pruner=StagedPruner(plan if plan is not None else demo_plan()),
+    )
+    t0 = time.perf_counter()
+    study.optimize(objective, n_trials=n_trials, timeout=timeout)
+    return study, time.perf_counter() - t0
+
+
+def _retrain(
+    space: Any, arch: Any, data: Any, epochs: int, seed: int, out: Any
+) -> tuple[dict[str, Any], float]:
+    """The best architecture trained from scratch, and the seconds it took."""
+    from optuna_hpcnas.evaluation import train_from_scratch
+
+    t0 = time.perf_counter()
+    result = train_from_scratch(space, arch, data, epochs=epochs, seed=seed)
+    seconds = time.perf_counter() - t0
+    verdict = "meets" if result["test_accuracy"] >= 0.97 else "MISSES"
+    out("")
+    out(
+        f"best architecture retrained from scratch ({epochs} epochs, "
+        f"{seconds:.1f} s): test accuracy {result['test_accuracy']:.4f} "
+        f"({verdict} the 0.97 target), valid accuracy {result['valid_accuracy']:.4f}"
+    )
+    return result, seconds
+
+
+def _print_top(ranked: Sequence[optuna.trial.FrozenTrial], out: Any) -> None:
+    """The best trials with accuracy, FLOPs, parameters and latency."""
+    out("")
+    out(f"{'#':>3} {'valid acc':>9} {'kFLOPs':>8} {'params':>7} {'latency':>9}  architecture")
+    for t in ranked:
+        ua = t.user_attrs
+        out(
+            f"{t.number:>3} {t.value:>9.4f} {ua['flops'] / 1e3:>8.1f} {int(ua['params']):>7} "
+            f"{ua['latency_s'] * 1e3:>7.3f}ms  {ua['arch_description']}"
+        )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -34,6 +34,13 @@ class CheckpointConfig:
             retried. Defaults to ``2 * heartbeat_interval`` (Optuna's default).
         max_retry: How often a trial of a dead or preempted worker is retried.
         exit_deadline: Seconds between SIGTERM/SIGUSR1 and a forced exit.
+        enabled: ``hpcnas run`` saves supernet checkpoints (weights, optimizer, RNG, the
+            run's cursor) every ``every_n_steps`` supernet steps, the top-k architectures
+            every ``every_p_trials`` finished trials, and restores the newest valid one at
+            start. Heartbeats and retries apply to every RDB storage, enabled or not.
+        artifact_store: Directory of an Optuna ``FileSystemArtifactStore`` for checkpoints
+            on storages that are not a database (journal, gRPC proxy); RDB storages keep
+            them in the study's own database.
     """
 
     every_n_steps: int = 100
@@ -48,6 +55,8 @@ class CheckpointConfig:
     grace_period: int | None = None
     max_retry: int | None = 3
     exit_deadline: float = 25.0
+    enabled: bool = False
+    artifact_store: str | None = None
 
     def __post_init__(self) -> None:
         minimums = {
@@ -81,6 +90,12 @@ class CheckpointConfig:
             raise ValueError(
                 f"`grace_period` is {self.grace_period}, but must be greater than "
                 f"`heartbeat_interval` ({self.heartbeat_interval})."
+            )
+        if not isinstance(self.enabled, bool):
+            raise TypeError(f"`enabled` is {self.enabled!r}, but must be a bool.")
+        if self.artifact_store is not None and not isinstance(self.artifact_store, str):
+            raise TypeError(
+                f"`artifact_store` is {self.artifact_store!r}, but must be a directory path."
             )
         if isinstance(self.exit_deadline, bool) or not isinstance(self.exit_deadline, int | float):
             raise TypeError(f"`exit_deadline` is {self.exit_deadline!r}, but must be a number.")

@@ -17,7 +17,8 @@ from optuna.study import StudyDirection
 from optuna.trial import TrialState
 
 from optuna_hpcnas import _keys
-from optuna_hpcnas._trial_attrs import summary_of
+from optuna_hpcnas._records import record_architecture
+from optuna_hpcnas._records import summary_of
 from optuna_hpcnas.search_space import Architecture
 
 if TYPE_CHECKING:
@@ -68,8 +69,7 @@ def record_trial(
     """Store a trial's architecture and costs as user attributes (shown by the dashboard)."""
     if not isinstance(arch, Architecture):
         raise TypeError(f"`arch` must be an Architecture, but got {type(arch).__name__}.")
-    trial.set_user_attr(_keys.OBJECTIVE_ARCH, arch.to_json())
-    trial.set_user_attr(_keys.OBJECTIVE_ARCH_DESCRIPTION, arch.describe())
+    record_architecture(trial, arch)
     for key, value in (
         (_keys.OBJECTIVE_FLOPS, flops),
         (_keys.OBJECTIVE_PARAMS, params),

@@ -1,10 +1,20 @@
-"""Classification tasks for the search: digits, a synthetic sequence task, user datasets."""
+"""Classification tasks for the search: digits, a synthetic sequence task, user data sets
+(``.npz`` arrays, image folders, CIFAR-10 files on disk, a factory function)."""
 
 from __future__ import annotations
 
+from optuna_hpcnas.data._files import DataError
+from optuna_hpcnas.data._files import load_task
 from optuna_hpcnas.data._tasks import iterate_batches
 from optuna_hpcnas.data._tasks import load_digits_task
 from optuna_hpcnas.data._tasks import make_sequence_task
 from optuna_hpcnas.data._tasks import TaskData
 
-__all__ = ["TaskData", "iterate_batches", "load_digits_task", "make_sequence_task"]
+__all__ = [
+    "DataError",
+    "TaskData",
+    "iterate_batches",
+    "load_digits_task",
+    "load_task",
+    "make_sequence_task",
+]

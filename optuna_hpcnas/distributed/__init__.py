@@ -1,8 +1,9 @@
 """Distributed evaluation: MPI evaluation groups, DeepSpeed engines, scheduling, averaging.
 
-Launch: ``mpirun -n N python -m mpi4py -m optuna_hpcnas run --config nas.toml`` (or
-``python -m mpi4py -m optuna_hpcnas.distributed --config nas.toml``). Importing this package
-imports neither torch, deepspeed nor mpi4py; the functions that need them import them.
+The parts ``optuna_hpcnas.run`` composes for ``hpcnas run``; launch with
+``mpirun -n N python -m mpi4py -m optuna_hpcnas run --config nas.toml``. Never imports the run
+configuration. Importing this package imports neither torch, deepspeed nor mpi4py; the
+functions that need them import them.
 """
 
 from __future__ import annotations
@@ -18,8 +19,6 @@ from optuna_hpcnas.distributed._protocol import GroupChannel
 from optuna_hpcnas.distributed._protocol import GroupError
 from optuna_hpcnas.distributed._protocol import Stop
 from optuna_hpcnas.distributed._protocol import TrialTask
-from optuna_hpcnas.distributed._runner import run_search
-from optuna_hpcnas.distributed._runner import utilisation_from_study
 from optuna_hpcnas.distributed._scheduler import DynamicScheduler
 from optuna_hpcnas.distributed._scheduler import RoundRobinScheduler
 from optuna_hpcnas.distributed._scheduler import simulate
@@ -52,7 +51,5 @@ __all__ = [
     "assign_groups",
     "form_groups",
     "rank_context",
-    "run_search",
     "simulate",
-    "utilisation_from_study",
 ]

@@ -296,3 +296,20 @@ def _max_op() -> Any:
     from mpi4py import MPI
 
     return MPI.MAX
+
+
+def broadcast_tensors(comm: Any, tensors: Sequence[Any]) -> None:
+    """MPI broadcast of tensors from rank 0 of ``comm`` (in place; CPU copies for GPU)."""
+    import torch
+
+    if comm is None or comm.Get_size() == 1 or not tensors:
+        return
+    flat = np.concatenate([t.detach().cpu().reshape(-1).float().numpy() for t in tensors])
+    flat = np.ascontiguousarray(flat, dtype=np.float32)
+    comm.Bcast(flat, root=0)
+    offset = 0
+    with torch.no_grad():
+        for t in tensors:
+            n = t.numel()
+            t.copy_(torch.from_numpy(flat[offset : offset + n]).view_as(t).to(t.dtype))
+            offset += n

@@ -8,7 +8,6 @@ from optuna_hpcnas._validation import check_choice
 from optuna_hpcnas._validation import check_int
 
 ENGINES = ("auto", "deepspeed")
-PRECISIONS = ("fp32", "bf16", "fp16")
 BACKENDS = ("auto", "gloo", "nccl")
 SHM_OP = ("skip", "build")
 COMPRESSIONS = ("none", "powersgd")
@@ -29,7 +28,6 @@ class DistributedConfig:
         compression: ``"none"`` or ``"powersgd"`` (low-rank, error feedback) for averaging.
         powersgd_rank: Rank of the PowerSGD factorisation.
         zero_stage: DeepSpeed ZeRO stage (0-1 with pipelines, 0-3 without).
-        precision: ``"fp32"``, ``"bf16"`` (fp32 weights, bf16 autocast) or ``"fp16"`` (GPU).
         engine: ``"auto"`` (plain PyTorch when dp = pp = 1, DeepSpeed otherwise) or
             ``"deepspeed"`` (always).
         backend: torch.distributed backend: ``"auto"`` (gloo on CPU, NCCL on GPU).
@@ -38,7 +36,6 @@ class DistributedConfig:
         master_port: First rendezvous port (each new world uses the next); 0 picks free ports.
         collective_timeout_s: Timeout of torch.distributed collectives (seconds).
         shm_op: ``"skip"`` DeepSpeed's shared-memory op (no ~50 s compile) or ``"build"`` it.
-        pipeline_micro_batches: Micro-batches per pipeline step (0: 2 x stages).
         scheduler: ``"dynamic"`` (idle leader asks the study) or ``"cost_aware"`` (the leader
             asks ``lookahead`` candidates and runs the one with the most predicted FLOPs
             first).
@@ -50,14 +47,12 @@ class DistributedConfig:
     compression: str = "none"
     powersgd_rank: int = 4
     zero_stage: int = 0
-    precision: str = "fp32"
     engine: str = "auto"
     backend: str = "auto"
     master_addr: str = ""
     master_port: int = 0
     collective_timeout_s: float = 300.0
     shm_op: str = "skip"
-    pipeline_micro_batches: int = 0
     scheduler: str = "dynamic"
     lookahead: int = 4
 
@@ -69,7 +64,6 @@ class DistributedConfig:
         check_int("zero_stage", self.zero_stage, 0)
         if self.zero_stage > 3:
             raise ValueError(f"`zero_stage` is {self.zero_stage}, but must be 0, 1, 2 or 3.")
-        check_choice("precision", self.precision, PRECISIONS)
         check_choice("engine", self.engine, ENGINES)
         check_choice("backend", self.backend, BACKENDS)
         if not isinstance(self.master_addr, str):
@@ -86,6 +80,5 @@ class DistributedConfig:
                 f"`collective_timeout_s` is {self.collective_timeout_s}, but must be > 0."
             )
         check_choice("shm_op", self.shm_op, SHM_OP)
-        check_int("pipeline_micro_batches", self.pipeline_micro_batches, 0)
         check_choice("scheduler", self.scheduler, SCHEDULERS)
         check_int("lookahead", self.lookahead, 1)

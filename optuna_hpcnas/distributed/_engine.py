@@ -254,6 +254,31 @@ class TrainEngine:
         self._autocast = autocast_dtype
         self._device = device
 
+    @classmethod
+    def plain(
+        cls,
+        module: nn.Module,
+        copies: list[nn.Module],
+        optimizer: Any,
+        loss_fn: Callable[..., torch.Tensor],
+        autocast_dtype: torch.dtype | None,
+        device: str,
+    ) -> TrainEngine:
+        """Plain PyTorch on this rank (every layer local)."""
+        n = len(copies)
+        return cls(
+            kind="plain",
+            module=module,
+            copies=copies,
+            optimizer=optimizer,
+            loss_fn=loss_fn,
+            owners=[0] * n,
+            local_layers=range(n),
+            micro_batches=1,
+            autocast_dtype=autocast_dtype,
+            device=device,
+        )
+
     @property
     def owners(self) -> list[int]:
         """Group rank holding the trained copy of each layer (the first replica's)."""
@@ -266,7 +291,8 @@ class TrainEngine:
             group["lr"] = lr
 
     def train_step(self, batches: Iterator[Batch]) -> float:
-        """One optimizer step: ``micro_batches`` micro-batches for a pipeline, one otherwise."""
+        """One micro-batch (plain, data parallel: an optimizer step every
+        ``micro_batches`` calls) or, for a pipeline, ``micro_batches`` of them and a step."""
         import torch
 
         if self.kind == "pipeline":
@@ -331,9 +357,19 @@ def _optimizer(
         return torch.optim.SGD(
             params, lr=lr, momentum=momentum, nesterov=momentum > 0, weight_decay=weight_decay
         )
-    if name != "adamw":
-        raise ValueError(f"`optimizer` is {name!r}, but must be 'adamw' or 'sgd'.")
-    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+    if name != "adam":
+        raise ValueError(f"`optimizer` is {name!r}, but must be 'adam' or 'sgd'.")
+    return torch.optim.Adam(params, lr=lr, weight_decay=weight_decay)
+
+
+def _autocast_dtype(precision: str, device: str) -> torch.dtype | None:
+    import torch
+
+    if precision not in ("fp32", "bf16", "fp16"):
+        raise ValueError(f"`precision` is {precision!r}, but must be 'fp32', 'bf16' or 'fp16'.")
+    if precision == "fp16" and device != "cuda":
+        raise ValueError("`precision` is 'fp16', which needs a GPU; use 'bf16' or 'fp32' on CPU.")
+    return {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
 
 
 def build_engine(
@@ -346,38 +382,31 @@ def build_engine(
     config: DistributedConfig,
     lr: float,
     weight_decay: float = 0.0,
-    optimizer: str = "adamw",
+    optimizer: str = "adam",
     momentum: float = 0.9,
     device: str = "cpu",
     group_rank: int = 0,
+    precision: str = "fp32",
+    accumulation_steps: int | None = None,
 ) -> TrainEngine:
     """An engine over copies of ``layers`` (the originals are left untouched until
     ``copy_back``). The torch world (``TorchWorld.ensure``) must already hold exactly
     ``data_parallel * pipeline_stages`` ranks unless the plain path is used.
+
+    ``accumulation_steps`` micro-batches of ``micro_batch_size`` make one optimizer step
+    (DeepSpeed's ``gradient_accumulation_steps``; default: 2 x stages for a pipeline, 1
+    otherwise).
     """
     import torch
 
-    if config.precision == "fp16" and device != "cuda":
-        raise ValueError("`precision` is 'fp16', which needs a GPU; use 'bf16' or 'fp32' on CPU.")
-    autocast = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[config.precision]
+    autocast = _autocast_dtype(precision, device)
     n = len(layers)
     copies = [copy.deepcopy(layer).to(device) for layer in layers]
     use_ds = config.engine == "deepspeed" or data_parallel * pipeline_stages > 1
     if not use_ds:
         module = torch.nn.Sequential(*copies)
         opt = _optimizer(optimizer, list(module.parameters()), lr, weight_decay, momentum)
-        return TrainEngine(
-            kind="plain",
-            module=module,
-            copies=copies,
-            optimizer=opt,
-            loss_fn=loss_fn,
-            owners=[0] * n,
-            local_layers=range(n),
-            micro_batches=1,
-            autocast_dtype=autocast,
-            device=device,
-        )
+        return TrainEngine.plain(module, copies, opt, loss_fn, autocast, device)
     import deepspeed
 
     reset_deepspeed_groups()
@@ -386,52 +415,28 @@ def build_engine(
         # fp32 engine + autocast inside forward (DeepSpeed's own bf16 mode breaks BatchNorm)
         run_layers = [_Autocast.wrap(layer, device, autocast) for layer in copies]
     zero = config.zero_stage
-    ds_config: dict[str, Any] = {
-        "train_micro_batch_size_per_gpu": micro_batch_size,
-        "zero_optimization": {"stage": zero},
-        "zero_allow_untested_optimizer": True,
-        "steps_per_print": 10**9,
-        "wall_clock_breakdown": False,
-    }
     if pipeline_stages > 1:
-        if zero > 1:
-            raise ValueError(
-                f"`zero_stage` is {zero}, but pipelines support ZeRO 0 or 1 only "
-                "(DeepSpeed refuses ZeRO 2/3 with pipeline parallelism)."
-            )
-        if pipeline_stages > n:
-            raise ValueError(
-                f"The candidate asks for {pipeline_stages} pipeline stages but has {n} layers."
-            )
-        from deepspeed.pipe import PipelineModule
-        from deepspeed.runtime.pipe.topology import PipeDataParallelTopology
-
-        micro = config.pipeline_micro_batches or 2 * pipeline_stages
-        ds_config["gradient_accumulation_steps"] = micro
-        topo = PipeDataParallelTopology(num_pp=pipeline_stages, num_dp=data_parallel)
-        module = PipelineModule(
-            layers=run_layers,
-            topology=topo,
-            loss_fn=loss_fn,
-            partition_method="uniform",
-            activation_checkpoint_interval=0,
+        micro = accumulation_steps or 2 * pipeline_stages
+        module, owners, local = _pipeline(
+            run_layers, loss_fn, pipeline_stages, data_parallel, zero_stage=zero
         )
-        parts = list(module.parts)
-        owners = []
-        for i in range(n):
-            stage = max(s for s in range(pipeline_stages) if parts[s] <= i)
-            owners.append(topo.get_rank(pipe=stage, data=0))
-        local = range(module._local_start, module._local_stop)
         kind = "pipeline"
     else:
         module = torch.nn.Sequential(*run_layers)
-        micro = 1
-        ds_config["gradient_accumulation_steps"] = 1
+        micro = accumulation_steps or 1
         owners = [0] * n
         local = range(n)
         kind = "data"
     params = [p for p in module.parameters() if p.requires_grad]
     opt = _optimizer(optimizer, params, lr, weight_decay, momentum)
+    ds_config = {
+        "train_micro_batch_size_per_gpu": micro_batch_size,
+        "gradient_accumulation_steps": micro,
+        "zero_optimization": {"stage": zero},
+        "zero_allow_untested_optimizer": True,
+        "steps_per_print": 10**9,
+        "wall_clock_breakdown": False,
+    }
     engine, _, _, _ = deepspeed.initialize(model=module, optimizer=opt, config=ds_config)
     result = TrainEngine(
         kind=kind,
@@ -447,3 +452,41 @@ def build_engine(
     )
     result._zero3 = zero == 3
     return result
+
+
+def _pipeline(
+    layers: list[nn.Module],
+    loss_fn: Callable[..., torch.Tensor],
+    stages: int,
+    data_parallel: int,
+    *,
+    zero_stage: int,
+) -> tuple[Any, list[int], range]:
+    """A ``PipelineModule`` over ``layers``, the group rank owning each layer's first
+    replica, and the layers on this rank."""
+    if zero_stage > 1:
+        raise ValueError(
+            f"`zero_stage` is {zero_stage}, but pipelines support ZeRO 0 or 1 only "
+            "(DeepSpeed refuses ZeRO 2/3 with pipeline parallelism)."
+        )
+    if stages > len(layers):
+        raise ValueError(
+            f"The candidate asks for {stages} pipeline stages but has {len(layers)} layers."
+        )
+    from deepspeed.pipe import PipelineModule
+    from deepspeed.runtime.pipe.topology import PipeDataParallelTopology
+
+    topo = PipeDataParallelTopology(num_pp=stages, num_dp=data_parallel)
+    module = PipelineModule(
+        layers=layers,
+        topology=topo,
+        loss_fn=loss_fn,
+        partition_method="uniform",
+        activation_checkpoint_interval=0,
+    )
+    parts = list(module.parts)
+    owners = []
+    for i in range(len(layers)):
+        stage = max(s for s in range(stages) if parts[s] <= i)
+        owners.append(topo.get_rank(pipe=stage, data=0))
+    return module, owners, range(module._local_start, module._local_stop)

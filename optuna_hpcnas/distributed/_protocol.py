@@ -26,14 +26,12 @@ class GroupError(RuntimeError):
 
 @dataclass(frozen=True)
 class TrialTask:
-    """One candidate for a group: what every rank needs to build and train it."""
+    """One candidate for a group: what every rank needs to build and train it (the layout
+    is the architecture's cluster decisions; the seeds come from the trial number)."""
 
     trial_number: int
     architecture: str  # Architecture.to_json()
-    data_parallel: int
-    pipeline_stages: int
-    micro_batch_size: int
-    seed: int
+    plan: dict[str, Any]  # TrialPlan.to_dict(): stages, epochs, whether epochs are reported
 
 
 @dataclass(frozen=True)

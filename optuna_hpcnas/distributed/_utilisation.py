@@ -42,24 +42,29 @@ class UtilisationTracker:
         self._start = clock()
         self._stop: float | None = None
         self.seconds: dict[str, float] = dict.fromkeys(CATEGORIES, 0.0)
-        self._active: str | None = None
+        self._stack: list[str] = []
+        self._since = self._start
 
     @contextmanager
     def track(self, category: str) -> Iterator[None]:
-        """Count the time inside the block as ``category`` (nested blocks count once, as
-        the outer category)."""
+        """Count the time inside the block as ``category``; a nested block counts its own
+        time as its category, and the outer one resumes after it (a storage write inside an
+        evaluation is storage, not compute)."""
         if category not in self.seconds:
             raise ValueError(f"`category` is {category!r}, but must be one of {list(CATEGORIES)}.")
-        if self._active is not None:
-            yield
-            return
-        self._active = category
-        t0 = self._clock()
+        self._switch()
+        self._stack.append(category)
         try:
             yield
         finally:
-            self.seconds[category] += self._clock() - t0
-            self._active = None
+            self._switch()
+            self._stack.pop()
+
+    def _switch(self) -> None:
+        now = self._clock()
+        if self._stack:
+            self.seconds[self._stack[-1]] += now - self._since
+        self._since = now
 
     def stop(self) -> None:
         """Freeze the wall time (later ``report`` calls use this end)."""

@@ -19,7 +19,7 @@ def count_flops(model: nn.Module, input_shape: Sequence[int], *, batch_size: int
     was_training = model.training
     model.eval()
     try:
-        x = torch.zeros(batch_size, *input_shape)
+        x = torch.zeros(batch_size, *input_shape, device=device_of(model))
         counter = FlopCounterMode(display=False)
         with counter, torch.no_grad():
             model(x)
@@ -47,14 +47,24 @@ def measure_latency(
     was_training = model.training
     model.eval()
     try:
-        x = torch.randn(batch_size, *input_shape)
+        device = device_of(model)
+        x = torch.randn(batch_size, *input_shape, device=device)
         times = []
         with torch.no_grad():
             for i in range(warmup + repeats):
                 start = time.perf_counter()
                 model(x)
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
                 if i >= warmup:
                     times.append(time.perf_counter() - start)
         return float(statistics.median(times))
     finally:
         model.train(was_training)
+
+
+def device_of(model: nn.Module) -> torch.device:
+    """The device of the first parameter (CPU for a module without parameters)."""
+    for p in model.parameters():
+        return p.device
+    return torch.device("cpu")

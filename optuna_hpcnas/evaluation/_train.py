@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 import math
 import time
 from typing import Any
@@ -13,52 +12,26 @@ import torch.nn.functional as F
 
 from optuna_hpcnas.data import iterate_batches
 from optuna_hpcnas.data import TaskData
+from optuna_hpcnas.evaluation._config import ScratchTrainingConfig
 from optuna_hpcnas.evaluation._measure import count_flops
 from optuna_hpcnas.evaluation._measure import count_parameters
+from optuna_hpcnas.evaluation._measure import device_of
 from optuna_hpcnas.evaluation._measure import measure_latency
 from optuna_hpcnas.search_space import Architecture
 from optuna_hpcnas.search_space import HierarchicalSearchSpace
 
 
-@dataclass(frozen=True)
-class ScratchTrainingConfig:
-    """Options of ``train_from_scratch`` (a TOML table maps onto it as ``Cls(**table)``).
-
-    Adam with a cosine-decayed learning rate, no warm-up.
-    """
-
-    epochs: int = 5
-    lr: float = 2e-2
-    batch_size: int = 32
-    weight_decay: float = 1e-4
-    seed: int = 0
-    latency_repeats: int = 20
-
-    def __post_init__(self) -> None:
-        for name in ("epochs", "batch_size", "seed", "latency_repeats"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise TypeError(f"`{name}` must be an int, but got {value!r}.")
-        if self.epochs < 0:
-            raise ValueError(f"`epochs` is {self.epochs}, but must be >= 0.")
-        if self.batch_size < 1:
-            raise ValueError(f"`batch_size` is {self.batch_size}, but must be >= 1.")
-        if self.latency_repeats < 0:
-            raise ValueError(f"`latency_repeats` is {self.latency_repeats}, but must be >= 0.")
-        if not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and self.lr > 0):
-            raise ValueError(f"`lr` is {self.lr!r}, but must be a finite number > 0.")
-        if not (isinstance(self.weight_decay, (int, float)) and self.weight_decay >= 0):
-            raise ValueError(f"`weight_decay` is {self.weight_decay!r}, but must be >= 0.")
-
-
 def evaluate(model: nn.Module, dataset: Any, *, batch_size: int = 512) -> tuple[float, float]:
-    """``(accuracy, mean log-loss)`` of ``model`` on ``dataset``, in eval mode."""
+    """``(accuracy, mean log-loss)`` of ``model`` on ``dataset``, in eval mode, on the
+    model's device. The one validation of the package (search, export and deploy use it)."""
     was_training = model.training
     model.eval()
+    device = device_of(model)
     correct, loss, n = 0, 0.0, 0
     try:
         with torch.no_grad():
             for x, y in iterate_batches(dataset, batch_size):
+                x, y = x.to(device), y.to(device)
                 logits = model(x).float()
                 loss += float(F.cross_entropy(logits, y, reduction="sum"))
                 correct += int((logits.argmax(1) == y).sum())
@@ -114,23 +87,35 @@ def train_from_scratch(
     data.check()
     model = supernet.subnet(arch).train()
     del supernet
+    return train_model(model, data, config)
+
+
+def train_model(model: nn.Module, data: TaskData, config: ScratchTrainingConfig) -> dict[str, Any]:
+    """Train ``model`` on ``data.train`` with ``config``'s recipe (Adam, cosine-decayed
+    learning rate, no warm-up) from the weights it has, then measure it (the keys of
+    ``train_from_scratch``). ``hpcnas export`` trains the architecture it exports with this."""
     generator = torch.Generator().manual_seed(config.seed)
+    device = device_of(model)
+    model.train()
     optimizer = torch.optim.Adam(
         model.parameters(), lr=config.lr, weight_decay=config.weight_decay
     )
     steps = config.epochs * math.ceil(len(data.train) / config.batch_size)  # type: ignore[arg-type]
     scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, max(steps, 1))
     start = time.perf_counter()
-    for _ in range(config.epochs):
-        for x, y in iterate_batches(
-            data.train, config.batch_size, shuffle=True, generator=generator
-        ):
-            optimizer.zero_grad(set_to_none=True)
-            loss = F.cross_entropy(model(x), y)
-            loss.backward()
-            optimizer.step()
-            scheduler.step()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(config.seed)
+        for _ in range(config.epochs):
+            for x, y in iterate_batches(
+                data.train, config.batch_size, shuffle=True, generator=generator
+            ):
+                optimizer.zero_grad(set_to_none=True)
+                loss = F.cross_entropy(model(x.to(device)), y.to(device))
+                loss.backward()
+                optimizer.step()
+                scheduler.step()
     train_seconds = time.perf_counter() - start
+    model.eval()
     valid_accuracy, valid_loss = evaluate(model, data.valid)
     test_accuracy, test_loss = evaluate(model, data.test)
     latency = (

@@ -82,6 +82,33 @@ def build_srun_command(
     ]
 
 
+def _check_slurm(
+    nodes: int,
+    ntasks_per_node: int,
+    cpus_per_task: int,
+    signal_seconds: int,
+    gpus_per_node: int | None,
+) -> None:
+    for name, value in (
+        ("nodes", nodes),
+        ("ntasks_per_node", ntasks_per_node),
+        ("cpus_per_task", cpus_per_task),
+        ("signal_seconds", signal_seconds),
+    ):
+        _positive(name, value)
+    if gpus_per_node is not None:
+        _positive("gpus_per_node", gpus_per_node)
+
+
+def _check_names(time_limit: str, job_name: str) -> None:
+    if not _WALLTIME.match(time_limit):
+        raise ValueError(
+            f"`time_limit` is {time_limit!r}, but must look like 'HH:MM:SS' or 'D-HH:MM:SS'."
+        )
+    if not re.match(r"^[\w.-]+$", job_name):
+        raise ValueError(f"`job_name` is {job_name!r}; use letters, digits, '.', '_', '-'.")
+
+
 def slurm_script(
     *,
     config: str = "nas.toml",
@@ -104,21 +131,8 @@ def slurm_script(
     their trials for retry), waits for them, and requeues the job (``--requeue``). A requeued
     job (``SLURM_RESTART_COUNT > 0``) runs ``hpcnas resume``.
     """
-    for name, value in (
-        ("nodes", nodes),
-        ("ntasks_per_node", ntasks_per_node),
-        ("cpus_per_task", cpus_per_task),
-        ("signal_seconds", signal_seconds),
-    ):
-        _positive(name, value)
-    if gpus_per_node is not None:
-        _positive("gpus_per_node", gpus_per_node)
-    if not _WALLTIME.match(time_limit):
-        raise ValueError(
-            f"`time_limit` is {time_limit!r}, but must look like 'HH:MM:SS' or 'D-HH:MM:SS'."
-        )
-    if not re.match(r"^[\w.-]+$", job_name):
-        raise ValueError(f"`job_name` is {job_name!r}; use letters, digits, '.', '_', '-'.")
+    _check_slurm(nodes, ntasks_per_node, cpus_per_task, signal_seconds, gpus_per_node)
+    _check_names(time_limit, job_name)
     sbatch = [
         f"--job-name={job_name}",
         f"--nodes={nodes}",
@@ -243,13 +257,7 @@ def mpijob_manifest(
     The config file comes from a ConfigMap (key ``nas.toml``), the storage URL from a Secret
     (key ``url``) into ``OPTUNA_STORAGE``, which ``mpirun`` exports to every rank.
     """
-    if not _NAME.match(name):
-        raise ValueError(f"`name` is {name!r}, but must be a DNS label (a-z, 0-9, '-').")
-    _positive("workers", workers)
-    _positive("slots_per_worker", slots_per_worker)
-    _positive("cpu_per_worker", cpu_per_worker)
-    if gpus_per_worker is not None:
-        _positive("gpus_per_worker", gpus_per_worker)
+    _check_mpijob(name, workers, slots_per_worker, cpu_per_worker, gpus_per_worker)
     flags = {"OpenMPI": ["-x", STORAGE_ENV], "MPICH": ["-genvlist", STORAGE_ENV]}
     if mpi_implementation not in flags:
         raise ValueError(
@@ -277,58 +285,76 @@ def mpijob_manifest(
             "mpiImplementation": mpi_implementation,
             "runPolicy": {"cleanPodPolicy": "Running", "backoffLimit": 3},
             "mpiReplicaSpecs": {
-                "Launcher": {
-                    "replicas": 1,
-                    "restartPolicy": "OnFailure",
-                    "template": {
-                        "spec": {
-                            "containers": [
-                                {
-                                    "name": "launcher",
-                                    "image": image,
-                                    "command": command,
-                                    "env": [storage_env],
-                                    "volumeMounts": [config_mount],
-                                    "resources": {"limits": {"cpu": "1", "memory": "2Gi"}},
-                                }
-                            ],
-                            "volumes": [config_volume],
-                        }
+                "Launcher": _replica(
+                    1,
+                    "launcher",
+                    image,
+                    command,
+                    [storage_env],
+                    config_mount,
+                    config_volume,
+                    {"cpu": "1", "memory": "2Gi"},
+                    restart="OnFailure",
+                ),
+                "Worker": _replica(
+                    workers,
+                    "worker",
+                    image,
+                    None,
+                    [
+                        storage_env,
+                        {"name": "OMP_NUM_THREADS", "value": "1"},
+                        {"name": "PROMETHEUS_MULTIPROC_DIR", "value": "/tmp/hpcnas-metrics"},
+                    ],
+                    config_mount,
+                    config_volume,
+                    limits,
+                    annotations={
+                        "prometheus.io/scrape": "true",
+                        "prometheus.io/port": str(metrics_port),
                     },
-                },
-                "Worker": {
-                    "replicas": workers,
-                    "template": {
-                        "metadata": {
-                            "annotations": {
-                                "prometheus.io/scrape": "true",
-                                "prometheus.io/port": str(metrics_port),
-                            }
-                        },
-                        "spec": {
-                            "containers": [
-                                {
-                                    "name": "worker",
-                                    "image": image,
-                                    "env": [
-                                        storage_env,
-                                        {"name": "OMP_NUM_THREADS", "value": "1"},
-                                        {
-                                            "name": "PROMETHEUS_MULTIPROC_DIR",
-                                            "value": "/tmp/hpcnas-metrics",
-                                        },
-                                    ],
-                                    "volumeMounts": [config_mount],
-                                    "resources": {"limits": limits},
-                                }
-                            ],
-                            "volumes": [config_volume],
-                        },
-                    },
-                },
+                ),
             },
         },
     }
+
+
+def _check_mpijob(name: str, workers: int, slots: int, cpus: int, gpus: int | None) -> None:
+    if not _NAME.match(name):
+        raise ValueError(f"`name` is {name!r}, but must be a DNS label (a-z, 0-9, '-').")
+    _positive("workers", workers)
+    _positive("slots_per_worker", slots)
+    _positive("cpu_per_worker", cpus)
+    if gpus is not None:
+        _positive("gpus_per_worker", gpus)
+
+
+def _replica(
+    replicas: int,
+    name: str,
+    image: str,
+    command: list[str] | None,
+    env: list[dict[str, Any]],
+    mount: dict[str, Any],
+    volume: dict[str, Any],
+    limits: dict[str, Any],
+    *,
+    restart: str | None = None,
+    annotations: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """One ``mpiReplicaSpecs`` entry of an MPIJob: a single-container pod template."""
+    container: dict[str, Any] = {"name": name, "image": image}
+    if command is not None:
+        container["command"] = command
+    container.update(env=env, volumeMounts=[mount], resources={"limits": limits})
+    template: dict[str, Any] = {"spec": {"containers": [container], "volumes": [volume]}}
+    if annotations is not None:
+        template = {"metadata": {"annotations": annotations}, **template}
+    spec: dict[str, Any] = {"replicas": replicas}
+    if restart is not None:
+        spec["restartPolicy"] = restart
+    spec["template"] = template
+    return spec
 
 
 def _yaml(data: dict[str, Any]) -> str:

@@ -89,7 +89,15 @@ class SearchMetrics:
                 f"`registry` must be a prometheus_client.CollectorRegistry, but got {registry!r}."
             )
         self._registry = registry
-        r = registry
+        self._declare_search_series(pc, registry)
+        self._declare_rank_series(pc, registry)
+        for state in TrialState:
+            self.trials.labels(state=state.name)
+            if state.is_finished():
+                self.trials_finished.labels(state=state.name)
+
+    def _declare_search_series(self, pc: Any, r: CollectorRegistry) -> None:
+        """Study-wide series: trials, target, progress, evaluation and ask seconds."""
         self.trials = pc.Gauge(
             "hpcnas_trials",
             "Trials of the study by state, as stored.",
@@ -128,6 +136,9 @@ class SearchMetrics:
             buckets=_ASK_BUCKETS,
             registry=r,
         )
+
+    def _declare_rank_series(self, pc: Any, r: CollectorRegistry) -> None:
+        """Per-rank and per-run series: busy time, compute share, checkpoints, best, front."""
         self.rank_busy_seconds = pc.Counter(
             "hpcnas_rank_busy_seconds",
             "Seconds each rank spent evaluating candidates.",
@@ -160,10 +171,6 @@ class SearchMetrics:
             registry=r,
             multiprocess_mode="mostrecent",
         )
-        for state in TrialState:
-            self.trials.labels(state=state.name)
-            if state.is_finished():
-                self.trials_finished.labels(state=state.name)
 
     @property
     def registry(self) -> CollectorRegistry:

@@ -10,6 +10,9 @@ from optuna_hpcnas.search_space._operators import OperatorSpec
 from optuna_hpcnas.search_space._space import Decision
 from optuna_hpcnas.search_space._space import HierarchicalSearchSpace
 from optuna_hpcnas.search_space._space import Level
+from optuna_hpcnas.search_space._targets import target_names
+from optuna_hpcnas.search_space._targets import target_profile
+from optuna_hpcnas.search_space._targets import TargetProfile
 
 __all__ = [
     "Architecture",
@@ -20,4 +23,7 @@ __all__ = [
     "Level",
     "OperatorRegistry",
     "OperatorSpec",
+    "TargetProfile",
+    "target_names",
+    "target_profile",
 ]

@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from enum import Enum
 import itertools
 import json
-import math
 from typing import Any
 from typing import TYPE_CHECKING
 
@@ -30,6 +29,7 @@ from optuna_hpcnas.search_space._architecture import ClusterConfig
 from optuna_hpcnas.search_space._operators import DOMAINS
 from optuna_hpcnas.search_space._operators import OperatorRegistry
 from optuna_hpcnas.search_space._operators import OperatorSpec
+from optuna_hpcnas.search_space._targets import target_profile
 from qubo import OneHotEncoding
 
 if TYPE_CHECKING:
@@ -111,6 +111,9 @@ class HierarchicalSearchSpace:
             ``data_parallel * pipeline_stages > max_ranks`` are infeasible.
         domain: ``"image"`` or ``"sequence"``; every operator must support it.
         registry: Operator registry; the built-in operators by default.
+        target: Deployment target (``"onnx-cpu"``, ``"tensorrt"``, ``"npu-no-grouped"``, see
+            ``target_profile``): operators it cannot run are removed from ``operators``.
+            ``None`` (the default) removes nothing.
 
     A choice list with one value makes a constant, which is not suggested.
 
@@ -140,6 +143,7 @@ class HierarchicalSearchSpace:
         max_ranks: int | None = None,
         domain: str = "image",
         registry: OperatorRegistry | None = None,
+        target: str | None = None,
     ) -> None:
         if isinstance(num_cells, bool) or not isinstance(num_cells, int):
             raise TypeError(f"`num_cells` must be an int, but got {num_cells!r}.")
@@ -155,7 +159,10 @@ class HierarchicalSearchSpace:
         self._num_cells = num_cells
         self._domain = domain
         self._max_ranks = max_ranks
-        self._operators = _check_choices("operators", operators, positive_int=False)
+        self._target = target
+        self._operators = self._for_target(
+            _check_choices("operators", operators, positive_int=False)
+        )
         self._topologies = _check_choices("topologies", topologies, positive_int=False)
         self._widths = _check_choices("widths", widths, positive_int=True)
         self._kernel_sizes = _check_choices("kernel_sizes", kernel_sizes, positive_int=True)
@@ -181,6 +188,19 @@ class HierarchicalSearchSpace:
         self._recorded_studies: set[tuple[int, int]] = set()
 
     # ------------------------------------------------------------------ definition
+    def _for_target(self, operators: tuple[str, ...]) -> tuple[str, ...]:
+        """``operators`` less those the deployment target cannot run."""
+        if self._target is None:
+            return operators
+        profile = target_profile(self._target)  # unknown names raise
+        kept = tuple(op for op in operators if profile.allows(self._registry[op]))
+        if not kept:
+            raise ValueError(
+                f"Target {self._target!r} cannot run any of `operators` {list(operators)}, "
+                "so the cells would have no operator left."
+            )
+        return kept
+
     def _validate(self) -> None:
         for topology in self._topologies:
             if topology not in TOPOLOGIES:
@@ -263,6 +283,11 @@ class HierarchicalSearchSpace:
     @property
     def domain(self) -> str:
         return self._domain
+
+    @property
+    def target(self) -> str | None:
+        """The deployment target the operators were restricted to, or ``None``."""
+        return self._target
 
     @property
     def max_ranks(self) -> int | None:
@@ -577,7 +602,7 @@ class HierarchicalSearchSpace:
     # ------------------------------------------------------------------ serialisation
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready definition, operator metadata included."""
-        return {
+        data: dict[str, Any] = {
             "num_cells": self._num_cells,
             "operators": list(self._operators),
             "operator_specs": [self._registry[name].to_dict() for name in self._operators],
@@ -592,6 +617,11 @@ class HierarchicalSearchSpace:
             "max_ranks": self._max_ranks,
             "domain": self._domain,
         }
+        # Left out when unset, so spaces recorded in studies before targets existed still
+        # compare equal to the same space built today.
+        if self._target is not None:
+            data["target"] = self._target
+        return data
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
@@ -659,15 +689,11 @@ class HierarchicalSearchSpace:
     def preset(cls, name: str, **overrides: Any) -> HierarchicalSearchSpace:
         """A named space: ``digits-small``, ``cifar-like`` or ``sequence``.
 
-        Keyword ``overrides`` replace the preset's arguments (e.g. ``max_ranks=4``).
+        Keyword ``overrides`` replace the preset's arguments (e.g. ``max_ranks=4``, or
+        ``target="npu-no-grouped"`` to drop the operators that target cannot run).
         """
         from optuna_hpcnas.search_space._presets import PRESETS
 
         if name not in PRESETS:
             raise ValueError(f"Unknown preset {name!r}; available: {sorted(PRESETS)}.")
         return cls(**{**PRESETS[name], **overrides})
-
-
-def log10_cardinality(space: HierarchicalSearchSpace) -> float:
-    """``log10`` of the number of architectures (for reporting large spaces)."""
-    return math.log10(space.cardinality())

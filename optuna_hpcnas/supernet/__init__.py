@@ -1,36 +1,58 @@
 """The weight-sharing supernet: shared candidate operators, subnets and pipeline layers.
 
-Importing this package imports torch.
+``SupernetTrainingConfig`` imports no torch; everything else loads torch on first use.
 """
 
 from __future__ import annotations
 
-from optuna_hpcnas.supernet._layers import CellLayer
-from optuna_hpcnas.supernet._ops import SharedOp
-from optuna_hpcnas.supernet._supernet import layer_recipes
-from optuna_hpcnas.supernet._supernet import LayerRecipe
-from optuna_hpcnas.supernet._supernet import RecipeLayer
-from optuna_hpcnas.supernet._supernet import SuperNet
-from optuna_hpcnas.supernet._training import PathSampling
-from optuna_hpcnas.supernet._training import Precision
-from optuna_hpcnas.supernet._training import recalibrate_batch_norm
-from optuna_hpcnas.supernet._training import StepResult
-from optuna_hpcnas.supernet._training import SupernetTrainer
-from optuna_hpcnas.supernet._training import SupernetTrainingConfig
-from optuna_hpcnas.supernet._training import train_step
+from typing import TYPE_CHECKING
+
+from optuna_hpcnas._lazy import lazy_attributes
+from optuna_hpcnas.supernet._config import PathSampling
+from optuna_hpcnas.supernet._config import Precision
+from optuna_hpcnas.supernet._config import SupernetTrainingConfig
+
+if TYPE_CHECKING:
+    from optuna_hpcnas.supernet._layers import CellLayer
+    from optuna_hpcnas.supernet._ops import SharedOp
+    from optuna_hpcnas.supernet._supernet import layer_recipes
+    from optuna_hpcnas.supernet._supernet import LayerRecipe
+    from optuna_hpcnas.supernet._supernet import RecipeLayer
+    from optuna_hpcnas.supernet._supernet import SuperNet
+    from optuna_hpcnas.supernet._training import recalibrate_batch_norm
+    from optuna_hpcnas.supernet._training import StepResult
+    from optuna_hpcnas.supernet._training import SupernetTrainer
+    from optuna_hpcnas.supernet._training import train_step
+
+# Names whose modules import torch, loaded on first use: the torch-free configuration
+# classes above can then be imported (by a run configuration) without torch.
+_LAZY = {
+    "CellLayer": "optuna_hpcnas.supernet._layers",
+    "SharedOp": "optuna_hpcnas.supernet._ops",
+    "layer_recipes": "optuna_hpcnas.supernet._supernet",
+    "LayerRecipe": "optuna_hpcnas.supernet._supernet",
+    "RecipeLayer": "optuna_hpcnas.supernet._supernet",
+    "SuperNet": "optuna_hpcnas.supernet._supernet",
+    "recalibrate_batch_norm": "optuna_hpcnas.supernet._training",
+    "StepResult": "optuna_hpcnas.supernet._training",
+    "SupernetTrainer": "optuna_hpcnas.supernet._training",
+    "train_step": "optuna_hpcnas.supernet._training",
+}
+__getattr__ = lazy_attributes(__name__, _LAZY)
+
 
 __all__ = [
     "CellLayer",
     "LayerRecipe",
-    "RecipeLayer",
-    "SharedOp",
     "PathSampling",
     "Precision",
+    "RecipeLayer",
+    "SharedOp",
     "StepResult",
     "SuperNet",
     "SupernetTrainer",
     "SupernetTrainingConfig",
+    "layer_recipes",
     "recalibrate_batch_norm",
     "train_step",
-    "layer_recipes",
 ]

@@ -20,7 +20,6 @@ from collections.abc import Sequence
 import contextlib
 import copy
 from dataclasses import dataclass
-from enum import Enum
 import logging
 import math
 from typing import Any
@@ -32,114 +31,14 @@ import torch.nn.functional as F
 
 from optuna_hpcnas.data import iterate_batches
 from optuna_hpcnas.search_space import Architecture
+from optuna_hpcnas.supernet._config import PathSampling
+from optuna_hpcnas.supernet._config import Precision
+from optuna_hpcnas.supernet._config import SupernetTrainingConfig
 from optuna_hpcnas.supernet._supernet import SuperNet
 
 _logger = logging.getLogger(__name__)
 
 PathSampler = Callable[[np.random.Generator, int], Sequence[Architecture]]
-
-
-class Precision(str, Enum):
-    """Forward precision; parameters and optimizer state are always fp32."""
-
-    FP32 = "fp32"
-    BF16 = "bf16"
-    FP16 = "fp16"
-
-
-class PathSampling(str, Enum):
-    """Where the ``k`` paths of a batch come from."""
-
-    UNIFORM = "uniform"
-    FAIR = "fair"
-    POPULATION = "population"
-
-
-@dataclass(frozen=True)
-class SupernetTrainingConfig:
-    """Options of supernet training (``SupernetTrainingConfig(**toml_table)``).
-
-    Args:
-        paths_per_batch: ``k`` architectures sampled per batch, gradients accumulated.
-        sampling: ``"uniform"`` over the space; ``"fair"``: uniform, except that the ``k``
-            paths of a batch cycle through every operator of every cell in a random order,
-            so each operator gets the same number of updates (FairNAS's strict fairness when
-            ``k`` is the number of operators); or ``"population"``: from the architectures
-            given with ``SupernetTrainer.set_population`` (uniform until one is given).
-        optimizer: ``"adam"`` (AdamW-style decoupled decay off: plain Adam with L2) or
-            ``"sgd"`` (Nesterov momentum); the learning rate decays on a cosine over ``epochs``.
-        lr: Learning rate.
-        momentum: SGD momentum (``sgd`` only).
-        weight_decay: L2 penalty.
-        batch_size: Samples per batch.
-        epochs: Epochs of ``SupernetTrainer.fit``.
-        precision: ``"fp32"``, ``"bf16"`` (CPU or GPU) or ``"fp16"`` (GPU only, loss scaling).
-        grad_clip: Clip the gradient norm to this value (``0``: no clipping).
-        bn_recalibration_batches: Training batches used to recompute a subnet's BatchNorm
-            statistics before it is scored.
-        seed: Seed of path sampling and data order.
-    """
-
-    paths_per_batch: int = 10
-    sampling: str = "uniform"
-    optimizer: str = "adam"
-    lr: float = 0.01
-    momentum: float = 0.9
-    weight_decay: float = 3e-4
-    batch_size: int = 64
-    epochs: int = 10
-    precision: str = "fp32"
-    grad_clip: float = 5.0
-    bn_recalibration_batches: int = 4
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        for name in (
-            "paths_per_batch",
-            "batch_size",
-            "epochs",
-            "bn_recalibration_batches",
-            "seed",
-        ):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise TypeError(f"`{name}` must be an int, but got {value!r}.")
-        for name in ("paths_per_batch", "batch_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"`{name}` is {getattr(self, name)}, but must be >= 1.")
-        for name in ("epochs", "bn_recalibration_batches"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"`{name}` is {getattr(self, name)}, but must be >= 0.")
-        for name in ("lr", "momentum", "weight_decay", "grad_clip"):
-            value = getattr(self, name)
-            if (
-                isinstance(value, bool)
-                or not isinstance(value, (int, float))
-                or not math.isfinite(value)
-            ):
-                raise ValueError(f"`{name}` is {value!r}, but must be a finite number.")
-            if (name == "lr" and value <= 0) or value < 0:
-                raise ValueError(
-                    f"`{name}` is {value!r}, but must be {'> 0' if name == 'lr' else '>= 0'}."
-                )
-        if self.optimizer not in ("adam", "sgd"):
-            raise ValueError(f"`optimizer` is {self.optimizer!r}, but must be 'adam' or 'sgd'.")
-        if self.momentum >= 1:
-            raise ValueError(f"`momentum` is {self.momentum}, but must be < 1.")
-        try:
-            Precision(self.precision)
-        except ValueError:
-            raise ValueError(
-                f"`precision` is {self.precision!r}, but must be one of "
-                f"{[p.value for p in Precision]}."
-            ) from None
-        try:
-            PathSampling(self.sampling)
-        except ValueError:
-            raise ValueError(
-                f"`sampling` is {self.sampling!r}, but must be one of "
-                f"{[s.value for s in PathSampling]}."
-            ) from None
 
 
 def autocast_context(
@@ -377,24 +276,40 @@ class SupernetTrainer:
         for b, (x, y) in enumerate(batches):
             for group in self.optimizer.param_groups:
                 group["lr"] = self._lr_at(self.epochs_done + b / max(len(batches), 1))
-            result = train_step(
-                self.supernet,
-                self.optimizer,
-                x.to(self.device),
-                y.to(self.device),
-                self.sample_paths(),
-                precision=self.precision,
-                scaler=self.scaler,
-                grad_clip=self.config.grad_clip,
-            )
-            self.steps += 1
+            result = self.step(x, y)
             if result.finite:
                 losses.append(result.loss)
-            else:
-                self.skipped_steps += 1
-                _logger.warning("Non-finite supernet loss at step %d; update skipped.", self.steps)
         self.epochs_done += 1
         return float(np.mean(losses)) if losses else float("nan")
+
+    def step(self, x: torch.Tensor, y: torch.Tensor) -> StepResult:
+        """One optimizer step of the shared weights on ``(x, y)`` with ``k`` sampled paths
+        (at the optimizer's current learning rate); a non-finite loss skips the update."""
+        result = train_step(
+            self.supernet,
+            self.optimizer,
+            x.to(self.device),
+            y.to(self.device),
+            self.sample_paths(),
+            precision=self.precision,
+            scaler=self.scaler,
+            grad_clip=self.config.grad_clip,
+        )
+        self.steps += 1
+        if not result.finite:
+            self.skipped_steps += 1
+            _logger.warning("Non-finite supernet loss at step %d; update skipped.", self.steps)
+        return result
+
+    def train_steps(self, dataset: Any, steps: int) -> None:
+        """``steps`` more steps on shuffled batches of ``dataset`` (the population steps of a
+        trial: the shared weights keep learning where the search goes)."""
+        self.supernet.train()
+        batches = iterate_batches(
+            dataset, self.config.batch_size, shuffle=True, generator=self._generator
+        )
+        for _, (x, y) in zip(range(steps), batches):
+            self.step(x, y)
 
     def fit(
         self, dataset: Any, *, epochs: int | None = None, max_batches: int | None = None

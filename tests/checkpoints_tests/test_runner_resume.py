@@ -39,10 +39,26 @@ n_trials = {n_trials}
 name = "random"
 seed = 0
 
+[pruner]
+name = "none"
+
+[stages]
+stages = [
+    {{ name = "quick", epochs = 1, lr = 1e-3 }},
+    {{ name = "medium", epochs = 1, lr = 1e-2 }},
+]
+
 [training]
-epochs = 2
-steps_per_epoch = 120
-supernet_steps = 2
+epochs = 1
+paths_per_batch = 2
+warmup_max_batches = 2
+threads = 1
+
+[objective]
+optimizer = "adam"
+batch_size = 8
+population_steps = 2
+latency_repeats = 1
 
 [checkpoints]
 enabled = true
@@ -157,13 +173,16 @@ def test_killed_run_resumes_with_the_same_command(
     # and the chain goes on from there (steps counted across runs).
     assert max(_checkpoints(url)) > max(saved_steps)
 
-    # `hpcnas export` without --weights inherits the newest checkpoint's supernet weights.
-    from optuna_hpcnas._export import build_module
+    # `hpcnas export --finetune` without --weights inherits the newest checkpoint's weights.
+    from optuna_hpcnas._export import trained_module
+    from optuna_hpcnas.config import DataConfig
+    from optuna_hpcnas.evaluation import ScratchTrainingConfig
     from optuna_hpcnas.search_space import Architecture
 
     arch = Architecture.from_json(study.best_trial.user_attrs[_keys.OBJECTIVE_ARCH])
+    recipe = ScratchTrainingConfig(epochs=0, latency_repeats=0)
     with caplog.at_level(logging.INFO, logger="optuna_hpcnas._export"):
-        build_module(study, arch)
+        trained_module(study, arch, DataConfig().load(), mode="finetune", recipe=recipe)
     newest = f"supernet.{max(_checkpoints(url)):010d}."
     assert f"Inherited weights from supernet checkpoint {newest}" in caplog.text
 

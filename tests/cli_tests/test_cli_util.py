@@ -10,9 +10,9 @@ from optuna_hpcnas._cli_util import format_duration
 from optuna_hpcnas._cli_util import mask_url
 from optuna_hpcnas._cli_util import MaskingFilter
 from optuna_hpcnas._cli_util import mpi_rank_and_size
-from optuna_hpcnas._cli_util import parse_overrides
 from optuna_hpcnas._cli_util import ProgressReporter
 from optuna_hpcnas._cli_util import warn_if_sqlite_shared
+from optuna_hpcnas.config import parse_overrides
 
 
 @pytest.mark.parametrize(

@@ -26,7 +26,9 @@ def test_status_text_and_json(
     single_study: tuple[str, optuna.Study], capsys: pytest.CaptureFixture[str]
 ) -> None:
     sqlite_url, study = single_study
-    study._storage.set_study_system_attr(study._study_id, "hpcnas:run:n_trials", 20)
+    from optuna_hpcnas._records import add_budget
+
+    add_budget(study, 8)  # a run's remaining budget: 8 WAITING trials on top of 12 finished
     runs = [{"ranks": [{"rank": 0, "shares": {"compute": 0.97}}, {"rank": 1, "shares": {
         "compute": 0.9}}]}]  # fmt: skip
     study._storage.set_study_system_attr(
@@ -94,7 +96,7 @@ def test_study_from_environment_and_config(
     assert json.loads(out)["trials"] == 3
     monkeypatch.delenv("OPTUNA_STORAGE")
     config = tmp_path / "nas.toml"
-    config.write_text(f'[study]\nname = "one"\nstorage = "{sqlite_url}"\n')
+    config.write_text(f'[study]\nname = "one"\nstorage = "{sqlite_url}"\nn_trials = 2\n')
     code, out, _ = _run(capsys, "status", "--config", str(config), "--json")
     assert json.loads(out)["study"] == "one"
 
@@ -132,9 +134,12 @@ def test_export_module_runs_without_our_code(
     net = SuperNet(space, input_shape=(1, 8, 8), num_classes=10, seed=7)
     torch.save(net.state_dict(), tmp_path / "supernet.pt")
     out_dir = tmp_path / "export"
+    # not a study of `hpcnas run`: the data set comes from the config's [data]
+    config = tmp_path / "nas.toml"
+    config.write_text(f'[study]\nname = "digits"\nstorage = "{sqlite_url}"\nn_trials = 1\n')
     code, out, _ = _run(
-        capsys, "export", "--storage", sqlite_url, "--out", str(out_dir),
-        "--weights", str(tmp_path / "supernet.pt"),
+        capsys, "export", "--config", str(config), "--out", str(out_dir),
+        "--untrained", "--weights", str(tmp_path / "supernet.pt"),
     )  # fmt: skip
     assert code == 0 and "model.pt2" in out
     meta = json.loads((out_dir / "architecture.json").read_text())
@@ -215,8 +220,8 @@ def test_export_refuses_a_pruned_trial(
 
 def test_architecture_read_from_every_producer() -> None:
     from optuna_hpcnas import HierarchicalSearchSpace
-    from optuna_hpcnas._trial_attrs import architecture_of
-    from optuna_hpcnas._trial_attrs import summary_of
+    from optuna_hpcnas._records import architecture_of
+    from optuna_hpcnas._records import summary_of
 
     arch = next(iter(HierarchicalSearchSpace.preset("digits-small").enumerate()))
     # SupernetObjective / record_trial, an older dict, and the runner's description string.

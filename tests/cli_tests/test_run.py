@@ -14,32 +14,23 @@ import urllib.request
 import pytest
 
 from tests.metrics_tests.test_metrics import _value
+from tests.run_configs import tiny_config
 
 REPO = Path(__file__).resolve().parents[2]
 
-CONFIG = """
-[study]
-name = "digits"
-storage = "{storage}"
-n_trials = {n_trials}
 
-[space]
-preset = "digits-small"
+def _config_text(*, storage: str, n_trials: int, port: int, refresh: float) -> str:
+    import tomli_w
 
-[sampler]
-name = "random"
-seed = 0
-
-[training]
-epochs = 1
-steps_per_epoch = 2
-supernet_steps = 2
-
-[metrics]
-enabled = true
-port = {port}
-refresh_seconds = {refresh}
-"""
+    return tomli_w.dumps(
+        tiny_config(
+            study={"name": "digits", "storage": storage, "n_trials": n_trials},
+            pruner={"name": "none"},
+            stages={"stages": [{"name": "quick", "epochs": 1, "lr": 1e-3}]},
+            objective={"max_batches_per_epoch": 2},
+            metrics={"enabled": True, "port": port, "refresh_seconds": refresh},
+        )
+    )
 
 
 def _free_port() -> int:
@@ -63,7 +54,7 @@ def test_run_serves_moving_metrics_then_resume_and_status(tmp_path: Path) -> Non
     config.write_text(
         # the storage is re-read every 50 ms, far below one trial's time, so successive
         # scrapes see the search move whatever the machine's speed
-        CONFIG.format(
+        _config_text(
             storage=f"sqlite:///{tmp_path / 'nas.db'}", n_trials=5, port=port, refresh=0.05
         )
     )
@@ -109,13 +100,13 @@ def test_run_config_errors_name_key_and_allowed_values(
 
     config = tmp_path / "nas.toml"
     config.write_text(
-        CONFIG.format(storage=f"sqlite:///{tmp_path / 'x.db'}", n_trials=2, port=0, refresh=2.0)
+        _config_text(storage=f"sqlite:///{tmp_path / 'x.db'}", n_trials=2, port=0, refresh=2.0)
     )
     for args, expected in (
         (["--set", "sampler.name=cmaes"], "must be one of ['tpe', 'random'"),
         (["--set", "study.bogus=1"], "Unknown key `bogus` in [study]; allowed keys: ['name'"),
         (["--set", "nope"], "section.key=value"),
-        (["--study-name", "other"], "no study 'other' to resume"),
+        (["--study-name", "other"], "no such SQLite file"),
     ):
         command = "resume" if "--study-name" in args else "run"
         assert main([command, "--config", str(config), *args]) == 2

@@ -27,11 +27,17 @@ kwargs = { population_size = 8 }
 [pruner]
 name = "median"
 kwargs = { n_startup_trials = 2 }
+[stages]
+stages = [{ name = "quick", epochs = 1, lr = 1e-3 }, { name = "full", epochs = 2, lr = 1e-2 }]
+patience = 2
 [training]
 epochs = 3
 lr = 0.001
+precision = "bf16"
+threads = 2
 [objective]
-metrics = ["accuracy", "flops"]
+objectives = ["accuracy", "flops"]
+optimizer = "adam"
 [data]
 name = "digits"
 [distributed]
@@ -39,7 +45,8 @@ group_size = 2
 sync_interval = 3
 compression = "powersgd"
 zero_stage = 1
-precision = "bf16"
+[export]
+epochs = 12
 [checkpoints]
 enabled = true
 [metrics]
@@ -58,9 +65,20 @@ def test_full_config_maps_every_table(tmp_path: Path) -> None:
     assert isinstance(config, RunConfig)
     assert config.study.directions == ("maximize", "minimize")
     assert config.distributed == DistributedConfig(
-        group_size=2, sync_interval=3, compression="powersgd", zero_stage=1, precision="bf16"
+        group_size=2, sync_interval=3, compression="powersgd", zero_stage=1
     )
-    assert config.objective.metrics == ("accuracy", "flops")
+    # the API's own classes, with the same fields
+    from optuna_hpcnas.evaluation import ObjectiveConfig
+    from optuna_hpcnas.evaluation import ScratchTrainingConfig
+    from optuna_hpcnas.pruners import StagePlan
+    from optuna_hpcnas.supernet import SupernetTrainingConfig
+
+    assert config.objective == ObjectiveConfig(objectives=("accuracy", "flops"), optimizer="adam")
+    assert config.training.supernet == SupernetTrainingConfig(epochs=3, lr=0.001, precision="bf16")
+    assert config.training.threads == 2
+    assert isinstance(config.stages, StagePlan) and config.stages.boundaries == (1, 3)
+    assert config.export == ScratchTrainingConfig(epochs=12)
+    assert config.directions == ["maximize", "minimize"]
     assert config.metrics.port == 9000 and config.checkpoints.enabled
     space = config.space.build()
     assert space.max_ranks == 2
@@ -74,7 +92,7 @@ def test_overrides_as_strings_and_mapping(tmp_path: Path) -> None:
     config = load_config(path, ["distributed.group_size=4", "study.name=other"])
     assert config.distributed.group_size == 4 and config.study.name == "other"
     config = load_config(path, {"training.epochs": 7, "space.overrides.max_ranks": 4})
-    assert config.training.epochs == 7 and config.space.build().max_ranks == 4
+    assert config.training.supernet.epochs == 7 and config.space.build().max_ranks == 4
 
 
 def test_unknown_key_names_the_key_and_the_allowed_ones(tmp_path: Path) -> None:
@@ -89,7 +107,11 @@ def test_unknown_key_names_the_key_and_the_allowed_ones(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("table", "message"),
     [
-        ({"distributed": {"precision": "fp8"}}, r"`precision` is 'fp8'.*'bf16'"),
+        ({"training": {"precision": "fp8"}}, r"`precision` is 'fp8'.*'bf16'"),
+        ({"training": {"epoch": 2}}, r"Unknown key `epoch` in \[training\].*'epochs'"),
+        ({"objective": {"optimizer": "adamw"}}, r"`optimizer` is 'adamw'.*'adam', 'sgd'"),
+        ({"data": {"name": "npz"}}, r"needs `path`"),
+        ({"data": {"factory": "no colon"}}, r"package.module:function"),
         ({"distributed": {"zero_stage": 4}}, r"`zero_stage` is 4"),
         ({"distributed": {"group_size": -1}}, r"`group_size` is -1"),
         ({"distributed": {"group_size": "2"}}, r"`group_size` must be an int"),
@@ -97,7 +119,7 @@ def test_unknown_key_names_the_key_and_the_allowed_ones(tmp_path: Path) -> None:
         ({"sampler": {"name": "cmaes"}}, r"`name` is 'cmaes'.*'evolutionary'"),
         ({"pruner": {"name": "asha"}}, r"`name` is 'asha'"),
         ({"space": {"preset": "imagenet"}}, r"`preset` is 'imagenet'.*'digits-small'"),
-        ({"objective": {"metrics": ["acc"]}}, r"`metrics` is 'acc'"),
+        ({"objective": {"objectives": ["acc"]}}, r"`objectives` contains 'acc'"),
         ({"training": {"device": "tpu"}}, r"`device` is 'tpu'"),
     ],
 )
@@ -111,27 +133,33 @@ def test_study_needs_an_end_and_one_direction_per_metric() -> None:
         config_from_dict({"study": {}})
     with pytest.raises(ConfigError, match="missing"):
         config_from_dict({})
-    with pytest.raises(ConfigError, match="one direction per metric"):
+    with pytest.raises(ConfigError, match="one direction per objective"):
         config_from_dict(
-            {"study": {"n_trials": 1}, "objective": {"metrics": ["accuracy", "flops"]}}
+            {
+                "study": {"n_trials": 1, "directions": ["maximize"]},
+                "objective": {"objectives": ["accuracy", "flops"]},
+            }
         )
+    # without [study] directions, the objectives give them
+    config = config_from_dict(
+        {"study": {"n_trials": 1}, "objective": {"objectives": ["accuracy", "loss"]}}
+    )
+    assert config.directions == ["maximize", "minimize"]
 
 
 def test_storage_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     config = config_from_dict({"study": {"n_trials": 1}})
     monkeypatch.delenv("OPTUNA_STORAGE", raising=False)
-    assert config.study.resolved_storage() is None
+    assert config.study.resolved_storage() == "sqlite:///hpcnas.db"  # never silently in memory
     monkeypatch.setenv("OPTUNA_STORAGE", "postgresql+psycopg://u@127.0.0.1/db")
     assert config.study.resolved_storage() == "postgresql+psycopg://u@127.0.0.1/db"
     explicit = config_from_dict({"study": {"n_trials": 1, "storage": "sqlite:///x.db"}})
     assert explicit.study.resolved_storage() == "sqlite:///x.db"
 
 
-def test_supernet_alias_and_invalid_toml(tmp_path: Path) -> None:
-    config = config_from_dict({"study": {"n_trials": 1}, "supernet": {"epochs": 4}})
-    assert config.training.epochs == 4
-    with pytest.raises(ConfigError, match="not both"):
-        config_from_dict({"study": {"n_trials": 1}, "supernet": {}, "training": {}})
+def test_invalid_files(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="is a directory"):
+        load_config(tmp_path)
     with pytest.raises(ConfigError, match="not valid TOML"):
         load_config(_write(tmp_path, "[study\n"))
     with pytest.raises(ConfigError, match="does not exist"):
@@ -143,7 +171,8 @@ def test_config_and_distributed_import_no_heavy_dependency() -> None:
     import sys
 
     code = (
-        "import sys, optuna_hpcnas.config, optuna_hpcnas.distributed; "
+        "import sys, optuna_hpcnas.config as c, optuna_hpcnas.distributed; "
+        "c.config_from_dict({'study': {'n_trials': 1}, 'objective': {'max_flops': 1e6}}); "
         "print(','.join(m for m in ('torch', 'deepspeed', 'mpi4py') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -151,7 +180,7 @@ def test_config_and_distributed_import_no_heavy_dependency() -> None:
 
 
 def test_group_size_zero_follows_the_space_cluster_parameters() -> None:
-    from optuna_hpcnas.distributed._runner import _group_size
+    from optuna_hpcnas.run._search import group_size as _group_size
 
     config = config_from_dict(
         {

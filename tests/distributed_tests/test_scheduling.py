@@ -79,16 +79,17 @@ def test_simulated_clock_and_utilisation_tracker() -> None:
     tracker = UtilisationTracker(clock=clock.now)
     with tracker.track("compute"):
         clock.advance_to(3.0)
-        with tracker.track("storage"):  # nested: counted once, as the outer category
+        with tracker.track("storage"):  # nested: its own time is storage
             clock.advance_to(4.0)
+        clock.advance_to(4.5)  # compute again
     with tracker.track("idle"):
         clock.advance_to(5.0)
     clock.advance_to(8.0)
     report = tracker.report(rank=0)
-    assert report.shares["compute"] == pytest.approx(0.5)
-    assert report.shares["storage"] == 0.0
-    assert report.shares["idle"] == pytest.approx(0.125)
-    assert report.shares["other"] == pytest.approx(0.375)
+    assert report.shares["compute"] == pytest.approx(3.5 / 8)
+    assert report.shares["storage"] == pytest.approx(1 / 8)
+    assert report.shares["idle"] == pytest.approx(0.5 / 8)
+    assert report.shares["other"] == pytest.approx(3 / 8)
     assert sum(report.shares.values()) == pytest.approx(1.0)
     with pytest.raises(ValueError, match="`category` is 'gpu'"):
         with tracker.track("gpu"):

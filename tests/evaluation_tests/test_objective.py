@@ -15,7 +15,7 @@ from optuna_hpcnas import _keys
 from optuna_hpcnas import HierarchicalSearchSpace
 from optuna_hpcnas.data import make_sequence_task
 from optuna_hpcnas.data import TaskData
-from optuna_hpcnas.evaluation import _objective
+from optuna_hpcnas.evaluation import _core
 from optuna_hpcnas.evaluation import LatencyPredictor
 from optuna_hpcnas.evaluation import ObjectiveConfig
 from optuna_hpcnas.evaluation import SupernetObjective
@@ -117,7 +117,7 @@ def test_non_finite_loss_ends_the_trial_with_a_reason(on_nan: str, state: str) -
 def test_out_of_memory_fails_only_that_trial_and_frees_it(monkeypatch: pytest.MonkeyPatch) -> None:
     objective = _objective_for(_task(), last_stage="quick")
     seen: list[weakref.ref] = []
-    real = _objective.train_step
+    real = _core.train_step
 
     def flaky(model: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
         if not seen:
@@ -125,7 +125,7 @@ def test_out_of_memory_fails_only_that_trial_and_frees_it(monkeypatch: pytest.Mo
             raise torch.OutOfMemoryError("injected: out of memory")
         return real(model, *args, **kwargs)
 
-    monkeypatch.setattr(_objective, "train_step", flaky)
+    monkeypatch.setattr(_core, "train_step", flaky)
     study = optuna.create_study(direction="maximize")
     study.optimize(objective, n_trials=2)
     first, second = study.trials

@@ -91,8 +91,9 @@ def test_distributed_example_with_the_mpirun_wrapper(postgres_url: str, tmp_path
             "--set", "distributed.group_size=1",
             "--set", "metrics.port=0",
             "--set", "training.epochs=1",
-            "--set", "training.steps_per_epoch=2",
-            "--set", "training.supernet_steps=2",
+            "--set", "training.warmup_max_batches=2",
+            "--set", "objective.max_batches_per_epoch=2",
+            "--set", "data.max_samples=200",
         ],
         capture_output=True, text=True, env=env, timeout=240, cwd=tmp_path,
     )  # fmt: skip

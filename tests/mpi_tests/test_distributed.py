@@ -17,6 +17,8 @@ import sqlalchemy
 
 from optuna_hpcnas import _keys
 from tests.mpi_helpers import run_mpi
+from tests.run_configs import tiny_config
+from tests.run_configs import write_config
 
 pytestmark = pytest.mark.mpi
 SCRIPTS = Path(__file__).parent / "scripts"
@@ -100,23 +102,18 @@ def test_pipeline_2_by_data_2_trains_and_replicas_stay_equal() -> None:
 
 
 def test_exception_on_one_rank_ends_every_rank(tmp_path: Path) -> None:
-    config = tmp_path / "nas.toml"
-    config.write_text(
-        f"""
-[study]
-name = "abort"
-storage = "sqlite:///{tmp_path / "abort.db"}"
-n_trials = 2
-[space]
-overrides = {{ data_parallel = [2] }}
-[training]
-epochs = 1
-steps_per_epoch = 2
-supernet_steps = 1
-[distributed]
-group_size = 2
-collective_timeout_s = 600
-"""
+    config = write_config(
+        tmp_path / "nas.toml",
+        tiny_config(
+            study={
+                "name": "abort",
+                "storage": f"sqlite:///{tmp_path / 'abort.db'}",
+                "n_trials": 2,
+            },
+            space={"overrides": {"data_parallel": [2]}},
+            pruner={"name": "none"},
+            distributed={"group_size": 2, "collective_timeout_s": 600},
+        ),
     )
     # rank 0 waits in a gloo all-reduce for rank 1, which raised: without the abort it would
     # sit there for the 600 s collective timeout, past this test's subprocess timeout
@@ -136,32 +133,22 @@ def test_four_rank_search_two_groups_one_study(
         url = f"sqlite:///{tmp_path / 'nas.db'}"
     else:
         url = request.getfixturevalue("postgres_url")
-    config = tmp_path / "nas.toml"
     n_trials = 10
     # the URL travels in OPTUNA_STORAGE, as a password would (not on the command line)
-    config.write_text(
-        f"""
-[study]
-name = "mpi-search"
-n_trials = {n_trials}
-[space]
-preset = "digits-small"
-overrides = {{ data_parallel = [1, 2], pipeline_stages = [1, 2] }}
-[sampler]
-name = "random"
-seed = 3
-[training]
-epochs = 2
-steps_per_epoch = 3
-supernet_steps = 2
-[distributed]
-group_size = 2
-sync_interval = 1
-"""
+    config = write_config(
+        tmp_path / "nas.toml",
+        tiny_config(
+            study={"name": "mpi-search", "n_trials": n_trials},
+            space={"overrides": {"data_parallel": [1, 2], "pipeline_stages": [1, 2]}},
+            sampler={"name": "random", "seed": 3},
+            pruner={"name": "none"},
+            objective={"population_steps": 2},
+            distributed={"group_size": 2, "sync_interval": 1},
+        ),
     )
     proc = run_mpi(
         4,
-        ["-m", "optuna_hpcnas.distributed", "--config", str(config)],
+        ["-m", "optuna_hpcnas", "run", "--config", str(config), "--no-progress"],
         timeout=180,
         cwd=REPO,
         env={"OPTUNA_STORAGE": url},

@@ -3,26 +3,20 @@
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 from mpi4py import MPI
 
 from optuna_hpcnas.config import load_config
-from optuna_hpcnas.distributed import run_search
-from optuna_hpcnas.distributed._evaluator import default_evaluator
+from optuna_hpcnas.distributed import _group_engine
+from optuna_hpcnas.run import run_search
 
+if MPI.COMM_WORLD.Get_rank() == 1:
 
-def failing_factory(config, space, device):
-    evaluator = default_evaluator(config, space, device)
-    original = evaluator.train_batches
+    def step(self: Any, x: Any, y: Any) -> Any:
+        raise RuntimeError("injected failure on rank 1")
 
-    def train_batches(**kwargs):
-        if MPI.COMM_WORLD.Get_rank() == 1:
-            raise RuntimeError("injected failure on rank 1")
-        return original(**kwargs)
+    _group_engine._DeepSpeedSession.step = step  # type: ignore[method-assign]
 
-    evaluator.train_batches = train_batches
-    return evaluator
-
-
-run_search(load_config(sys.argv[1]), evaluator_factory=failing_factory)
+run_search(load_config(sys.argv[1]))
 print("NOT REACHED", flush=True)

@@ -13,7 +13,7 @@ from optuna_hpcnas.distributed import DistributedConfig
 from optuna_hpcnas.distributed import form_groups
 from optuna_hpcnas.distributed._engine import build_engine
 from optuna_hpcnas.distributed._engine import TorchWorld
-from optuna_hpcnas.distributed._runner import _broadcast_layers
+from optuna_hpcnas.distributed._group_engine import broadcast_layers as _broadcast_layers
 
 comm = MPI.COMM_WORLD
 rank = comm.Get_rank()
@@ -44,7 +44,7 @@ def flat(module: nn.Module) -> list[float]:
 
 out: dict = {"rank": rank}
 # --- pipeline 2 x data 2 on 4 ranks
-config = DistributedConfig(group_size=4, zero_stage=1, precision="bf16")
+config = DistributedConfig(group_size=4, zero_stage=1)
 world = TorchWorld(group, config, "cpu")
 assert world.ensure(4)
 layers = make_layers()
@@ -58,6 +58,7 @@ engine = build_engine(
     config=config,
     lr=1e-2,
     group_rank=group.rank,
+    precision="bf16",
 )
 stream = batches(rank % 2, 2, 8)
 losses = [engine.train_step(stream) for _ in range(12)]

@@ -1,0 +1,207 @@
+"""What this package reads and writes in an Optuna storage, beyond Optuna's own calls.
+
+One module for the trial records (the architecture of a trial, read back whoever wrote it),
+the run records (the trial budget, the data a run searched on, per-rank utilisation) and every
+call into Optuna's private API, so an Optuna upgrade touches this file only. The key names
+themselves are in ``optuna_hpcnas._keys``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from collections.abc import Mapping
+from collections.abc import Sequence
+import contextlib
+import json
+import time
+from typing import Any
+from typing import TYPE_CHECKING
+
+from optuna_hpcnas import _keys
+from optuna_hpcnas.search_space import Architecture
+
+if TYPE_CHECKING:
+    import optuna
+    from optuna.trial import FrozenTrial
+
+# Optuna's prefix of artifact records in study/trial system attributes (optuna.artifacts).
+OPTUNA_ARTIFACTS_PREFIX = "artifacts:"
+
+
+# ---------------------------------------------------------------------------- trial records
+def record_architecture(trial: optuna.Trial, arch: Architecture) -> None:
+    """Store ``arch`` in the trial's user attributes (JSON and a one-line description)."""
+    trial.set_user_attr(_keys.OBJECTIVE_ARCH, arch.to_json())
+    trial.set_user_attr(_keys.OBJECTIVE_ARCH_DESCRIPTION, arch.describe())
+
+
+def architecture_of(user_attrs: Mapping[str, Any]) -> Architecture | None:
+    """The ``Architecture`` stored in ``user_attrs`` (``arch`` JSON, or the dict of older
+    runs under ``architecture``), or ``None``."""
+    for key in (_keys.OBJECTIVE_ARCH, "architecture"):
+        value = user_attrs.get(key)
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except ValueError:
+                continue  # a description, not JSON
+        if isinstance(value, dict):
+            try:
+                return Architecture.from_dict(value)
+            except ValueError:
+                continue
+    return None
+
+
+def summary_of(user_attrs: Mapping[str, Any]) -> str | None:
+    """A one-line description (``Architecture.describe()``) from ``user_attrs``, or ``None``."""
+    text = user_attrs.get(_keys.OBJECTIVE_ARCH_DESCRIPTION)
+    if isinstance(text, str):
+        return text
+    legacy = user_attrs.get("architecture")
+    if isinstance(legacy, str) and not legacy.lstrip().startswith("{"):
+        return legacy
+    arch = architecture_of(user_attrs)
+    return arch.describe() if arch is not None else None
+
+
+def finished_architectures(study: optuna.Study, size: int) -> list[Architecture]:
+    """The architectures of the last ``size`` complete trials of ``study``."""
+    from optuna.trial import TrialState
+
+    out = []
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        arch = architecture_of(t.user_attrs)
+        if arch is not None:
+            out.append(arch)
+    return out[-size:]
+
+
+def set_trial_system_attr(trial: optuna.Trial, key: str, value: Any) -> None:
+    trial.storage.set_trial_system_attr(trial._trial_id, key, value)
+
+
+# ---------------------------------------------------------------------------- the trial queue
+def add_budget(study: optuna.Study, n: int) -> None:
+    """Queue ``n`` WAITING trials without parameters: the run's trial budget.
+
+    Unlike ``study.enqueue_trial({})`` they carry no ``fixed_params``, so the sampler samples
+    them like any new trial; leaders pop them atomically, so the study ends with exactly
+    the budget whatever the number of groups.
+    """
+    import optuna
+    from optuna.trial import TrialState
+
+    for _ in range(n):
+        study.add_trial(optuna.trial.create_trial(state=TrialState.WAITING))
+
+
+def pop_waiting_trial(study: optuna.Study, *, sqlite_path: str | None) -> optuna.Trial | None:
+    """The next WAITING trial, taken atomically (``None`` when the queue is empty).
+
+    As ``study.ask`` does, the cache is dropped first so the sampler sees the trials other
+    workers finished meanwhile.
+    """
+    import optuna
+
+    study._thread_local.cached_all_trials = None
+    with _file_lock(sqlite_path):
+        trial_id = study._pop_waiting_trial_id()
+    return None if trial_id is None else optuna.trial.Trial(study, trial_id)
+
+
+@contextlib.contextmanager
+def _file_lock(path: str | None) -> Iterator[None]:
+    """Serialise popping among the processes of one SQLite file.
+
+    Optuna pops a waiting trial with a read-then-update that relies on ``SELECT ... FOR
+    UPDATE``; SQLite ignores row locks, and two leaders were seen to pop the same trial. An
+    advisory ``flock`` on the database file itself closes that window without a lock file
+    (flock and SQLite's own POSIX locks do not interact on Linux). PostgreSQL and MySQL lock
+    the row themselves.
+    """
+    if path is None:
+        yield
+        return
+    import fcntl
+
+    with open(path, "rb") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def sqlite_path(url: str | None) -> str | None:
+    """The file of a ``sqlite:///`` URL (``None`` for other storages and in-memory SQLite)."""
+    if not url or not url.startswith("sqlite:///") or url.startswith("sqlite:///:memory:"):
+        return None
+    return url[len("sqlite:///") :].split("?", 1)[0]
+
+
+def has_heartbeat(storage: Any) -> bool:
+    """Whether ``storage`` (an Optuna storage object, or a URL string) sends heartbeats."""
+    from optuna.storages._heartbeat import is_heartbeat_enabled
+
+    return not isinstance(storage, str) and is_heartbeat_enabled(storage)
+
+
+@contextlib.contextmanager
+def heartbeat(trial: optuna.Trial) -> Iterator[None]:
+    """Send the storage's heartbeats for ``trial`` while the block runs (RDB storages)."""
+    from optuna.storages._heartbeat import get_heartbeat_thread
+
+    with get_heartbeat_thread(trial._trial_id, trial.storage):
+        yield
+
+
+# ---------------------------------------------------------------------------- run records
+def study_system_attrs(study: optuna.Study) -> dict[str, Any]:
+    return study._storage.get_study_system_attrs(study._study_id)
+
+
+def set_study_system_attr(study: optuna.Study, key: str, value: Any) -> None:
+    study._storage.set_study_system_attr(study._study_id, key, value)
+
+
+def record_run_data(study: optuna.Study, data: Mapping[str, Any]) -> None:
+    """The ``[data]`` table a run searched on, so ``hpcnas export`` rebuilds the same task."""
+    set_study_system_attr(study, _keys.RUN_DATA, json.dumps(dict(data), sort_keys=True))
+
+
+def run_data_of(study: optuna.Study) -> dict[str, Any] | None:
+    text = study_system_attrs(study).get(_keys.RUN_DATA)
+    return json.loads(text) if isinstance(text, str) else None
+
+
+def store_utilisation(study: optuna.Study, reports: Sequence[Mapping[str, Any]]) -> None:
+    """Append one run's per-rank time shares (``RankUtilisation.to_dict()``) to the study."""
+    previous = study_system_attrs(study).get(_keys.DISTRIBUTED_UTILISATION)
+    runs = json.loads(previous) if isinstance(previous, str) else []
+    runs.append({"ranks": [dict(r) for r in reports], "finished_at": time.time()})
+    set_study_system_attr(study, _keys.DISTRIBUTED_UTILISATION, json.dumps(runs))
+    sync = sum(int(r.get("sync_bytes", 0)) for r in reports)
+    set_study_system_attr(study, _keys.DISTRIBUTED_SYNC_BYTES, int(sync))
+
+
+def utilisation_from_study(study: optuna.Study) -> list[dict[str, Any]]:
+    """The per-rank utilisation records of every run, oldest first."""
+    text = study_system_attrs(study).get(_keys.DISTRIBUTED_UTILISATION)
+    return json.loads(text) if isinstance(text, str) else []
+
+
+def compute_shares(study: optuna.Study) -> dict[int, float]:
+    """Rank -> share of wall time spent computing, from the last run."""
+    runs = utilisation_from_study(study)
+    if not runs or not isinstance(runs[-1], dict):
+        return {}
+    return {
+        int(r.get("rank", i)): float(r.get("shares", {}).get("compute", 0.0))
+        for i, r in enumerate(runs[-1].get("ranks", []))
+    }
+
+
+def group_of(trial: FrozenTrial) -> int:
+    """The evaluation group that ran ``trial`` (0 for a one-process run)."""
+    return int(trial.system_attrs.get(_keys.DISTRIBUTED_GROUP, 0))

@@ -1,0 +1,620 @@
+"""The one evaluation core: how a trial's architecture is scored, whoever runs it.
+
+``SupernetObjective`` (the Python API), ``hpcnas run`` in one process and every MPI evaluation
+group call ``TrialEvaluator.evaluate``; they differ only in the two plug-ins they pass:
+
+* a ``TrialLink``: the trial side. ``OptunaTrialLink`` wraps an ``optuna.Trial`` (report,
+  prune, attributes, constraints); a group wraps it on its leader and gives the other ranks a
+  link that receives the leader's decisions (``optuna_hpcnas.run``).
+* an ``Engine``: who trains the candidate. ``LocalEngine`` is plain PyTorch in this process;
+  ``optuna_hpcnas.distributed`` has the DeepSpeed data x pipeline engine over a group.
+
+Per trial (on the leader unless said otherwise)::
+
+    population steps of the supernet -> subnet with inherited weights, BatchNorm recalibrated
+    -> FLOPs, parameters, latency, hard limits as constraints -> inherited score
+    -> share (error, train?) with the group
+    -> every rank: per epoch of the stage plan, fine-tune in the engine (cosine lr per stage)
+       -> leader scores -> decide (report, prune, early stop; a fault on any rank fails it)
+    -> Outcome: complete (best epoch) / pruned / failed with a reason
+
+Faults that belong to one candidate (a non-finite loss, ``MemoryError``, CUDA out of memory)
+end that trial with a reason; every other exception propagates (a bug is not a trial result).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from collections.abc import Mapping
+from dataclasses import dataclass
+from dataclasses import field
+from enum import Enum
+import functools
+import gc
+import logging
+import math
+from typing import Any
+from typing import Protocol
+from typing import TYPE_CHECKING
+from typing import TypeVar
+
+import numpy as np
+import optuna
+import torch
+from torch import nn
+
+from optuna_hpcnas import _keys
+from optuna_hpcnas.data import iterate_batches
+from optuna_hpcnas.data import TaskData
+from optuna_hpcnas.evaluation._config import LIMITS
+from optuna_hpcnas.evaluation._config import ObjectiveConfig
+from optuna_hpcnas.evaluation._latency import LatencyPredictor
+from optuna_hpcnas.evaluation._measure import count_flops
+from optuna_hpcnas.evaluation._measure import count_parameters
+from optuna_hpcnas.evaluation._measure import measure_latency
+from optuna_hpcnas.evaluation._train import evaluate
+from optuna_hpcnas.pruners import StagedPruner
+from optuna_hpcnas.pruners import StagePlan
+from optuna_hpcnas.search_space import Architecture
+from optuna_hpcnas.supernet import SupernetTrainer
+from optuna_hpcnas.supernet import train_step
+
+if TYPE_CHECKING:
+    from optuna_hpcnas.supernet import StepResult
+
+_logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class Decision(str, Enum):
+    """What a trial does after an epoch (the same on every rank of a group)."""
+
+    CONTINUE = "continue"
+    PRUNE = "prune"
+    STOP = "stop"  # early stopping: finished, with its best epoch
+    FAIL = "fail"
+
+
+@dataclass(frozen=True)
+class TrialPlan:
+    """How far one trial is trained and whether its epochs are reported to the pruner.
+
+    Attributes:
+        stages: The stage plan (the study's ``StagedPruner`` plan, or the objective's).
+        total_epochs: Epochs to run at most (the end of the last stage run).
+        report: Report every epoch (single-objective studies; Optuna prunes only those).
+        maximize: Direction of the reported value.
+    """
+
+    stages: StagePlan
+    total_epochs: int
+    report: bool
+    maximize: bool
+
+    @classmethod
+    def for_study(
+        cls, study: optuna.Study, config: ObjectiveConfig, default: StagePlan
+    ) -> TrialPlan:
+        """The plan of a trial of ``study``: its pruner's stages when it is a
+        ``StagedPruner`` (every stage), else ``default`` up to its second stage."""
+        multi = len(study.directions) > 1
+        staged = isinstance(study.pruner, StagedPruner)
+        plan = study.pruner.plan if staged else default  # type: ignore[attr-defined]
+        names = [s.name for s in plan.stages]
+        if config.last_stage is not None:
+            if config.last_stage not in names:
+                raise ValueError(
+                    f"`last_stage` is {config.last_stage!r}, but the stages are {names}."
+                )
+            last = names.index(config.last_stage)
+        elif staged and not multi:
+            last = len(names) - 1
+        else:
+            last = min(1, len(names) - 1)
+        maximize = not multi and study.direction == optuna.study.StudyDirection.MAXIMIZE
+        return cls(plan, plan.boundaries[last], report=not multi, maximize=maximize or multi)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "stages": self.stages.to_dict(),
+            "total_epochs": self.total_epochs,
+            "report": self.report,
+            "maximize": self.maximize,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> TrialPlan:
+        return cls(
+            StagePlan(**data["stages"]),
+            int(data["total_epochs"]),
+            bool(data["report"]),
+            bool(data["maximize"]),
+        )
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """The result of one evaluation: ``state`` is ``"complete"``, ``"pruned"`` or
+    ``"failed"``; ``values`` are the trial's values (complete only)."""
+
+    state: str
+    values: tuple[float, ...] | None = None
+    reason: str | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+class TrialLink(Protocol):
+    """The trial side of an evaluation. Every method is called on every rank of a group, in
+    the same order; only the leader's link touches the ``optuna.Trial``."""
+
+    number: int
+    plan: TrialPlan
+
+    @property
+    def is_leader(self) -> bool: ...
+
+    def record(self, attrs: Mapping[str, Any]) -> None:
+        """User attributes of the trial (leader)."""
+        ...
+
+    def constrain(self, name: str, value: float) -> None:
+        """``trial.set_constraint`` (leader)."""
+        ...
+
+    def population(self, size: int) -> list[Architecture]:
+        """The last ``size`` finished architectures of the study (leader)."""
+        ...
+
+    def share(self, value: T) -> T:
+        """Collective: the leader's ``value`` on every rank."""
+        ...
+
+    def decide(
+        self, epoch: int, value: float | None, fault: str | None
+    ) -> tuple[Decision, str | None]:
+        """Collective: report ``value`` of ``epoch`` (leader) and return what to do, with the
+        reason of a failure; a ``fault`` on any rank fails the trial."""
+        ...
+
+
+class OptunaTrialLink:
+    """``TrialLink`` over an ``optuna.Trial`` in this process."""
+
+    def __init__(self, trial: optuna.Trial, plan: TrialPlan) -> None:
+        self.trial = trial
+        self.number = trial.number
+        self.plan = plan
+
+    @property
+    def is_leader(self) -> bool:
+        return True
+
+    def record(self, attrs: Mapping[str, Any]) -> None:
+        for key, value in attrs.items():
+            self.trial.set_user_attr(key, value)
+
+    def constrain(self, name: str, value: float) -> None:
+        self.trial.set_constraint(name, value)
+
+    def population(self, size: int) -> list[Architecture]:
+        from optuna_hpcnas._records import finished_architectures
+
+        return finished_architectures(self.trial.study, size)
+
+    def share(self, value: T) -> T:
+        return value
+
+    def decide(
+        self, epoch: int, value: float | None, fault: str | None
+    ) -> tuple[Decision, str | None]:
+        return report_epoch(self.trial, self.plan, epoch, value, fault), fault
+
+
+def report_epoch(
+    trial: optuna.Trial, plan: TrialPlan, epoch: int, value: float | None, fault: str | None
+) -> Decision:
+    """Report one epoch to ``trial`` and read the pruner's verdict."""
+    if fault is not None:
+        return Decision.FAIL
+    if not plan.report or value is None:
+        return Decision.CONTINUE
+    trial.report(value, epoch)
+    if not trial.should_prune():
+        return Decision.CONTINUE
+    if isinstance(trial.study.pruner, StagedPruner) and StagedPruner.early_stopped(trial):
+        return Decision.STOP
+    return Decision.PRUNE
+
+
+@dataclass(frozen=True)
+class FineTuning:
+    """How an engine builds the candidate's optimizer (the learning rate comes per batch)."""
+
+    optimizer: str
+    lr: float
+    momentum: float
+    weight_decay: float
+    precision: str
+    grad_clip: float
+
+    def build(self, params: Any) -> torch.optim.Optimizer:
+        if self.optimizer == "adam":
+            return torch.optim.Adam(params, lr=self.lr, weight_decay=self.weight_decay)
+        return torch.optim.SGD(
+            params,
+            lr=self.lr,
+            momentum=self.momentum,
+            nesterov=self.momentum > 0,
+            weight_decay=self.weight_decay,
+        )
+
+
+class EngineSession(Protocol):
+    """A candidate being fine-tuned by an engine."""
+
+    def set_lr(self, lr: float) -> None: ...
+
+    def step(self, x: torch.Tensor, y: torch.Tensor) -> StepResult:
+        """One optimizer step on the global batch ``(x, y)`` (every rank passes the same)."""
+        ...
+
+    def synchronise(self) -> None:
+        """Bring the trained weights into the leader's model before it is scored."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class Engine(Protocol):
+    """Trains candidates; a plug-in of ``TrialEvaluator.evaluate``."""
+
+    def open(
+        self, model: nn.Module, arch: Architecture, fine_tuning: FineTuning
+    ) -> EngineSession | None:
+        """Start fine-tuning ``model`` (the leader's is calibrated; the others' is replaced
+        by the leader's weights). ``None``: this rank takes no part in this candidate."""
+        ...
+
+
+class LocalEngine:
+    """Plain PyTorch in this process: the candidate's own model and optimizer."""
+
+    def open(self, model: nn.Module, arch: Architecture, fine_tuning: FineTuning) -> EngineSession:
+        return _LocalSession(model, fine_tuning)
+
+
+class _LocalSession:
+    def __init__(self, model: nn.Module, fine_tuning: FineTuning) -> None:
+        self._model = model.train()
+        self._optimizer = fine_tuning.build(model.parameters())
+        self._fine_tuning = fine_tuning
+        self._device = next(model.parameters()).device
+
+    def set_lr(self, lr: float) -> None:
+        for group in self._optimizer.param_groups:
+            group["lr"] = lr
+
+    def step(self, x: torch.Tensor, y: torch.Tensor) -> StepResult:
+        return train_step(
+            self._model,
+            self._optimizer,
+            x.to(self._device),
+            y.to(self._device),
+            [None],
+            precision=self._fine_tuning.precision,
+            grad_clip=self._fine_tuning.grad_clip,
+        )
+
+    def synchronise(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self._optimizer.zero_grad(set_to_none=True)
+
+
+class _CandidateFault(Exception):
+    """A fault of the candidate (non-finite loss), carried to the next collective."""
+
+
+_NON_FINITE = "non-finite loss"
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    """The leader's candidate before fine-tuning."""
+
+    model: nn.Module
+    metrics: dict[str, float]
+    train: bool
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """CUDA/CPU out of memory, whichever way torch or Python raised it."""
+    if isinstance(error, (MemoryError, torch.OutOfMemoryError)):
+        return True
+    return isinstance(error, RuntimeError) and "out of memory" in str(error).lower()
+
+
+def trial_seed(seed: int, number: int) -> int:
+    """The seed of one trial's random streams (data order, dropout, timing inputs)."""
+    return int(np.random.SeedSequence([seed, number]).generate_state(1)[0])
+
+
+class TrialEvaluator:
+    """Scores architectures with weights inherited from a shared ``SuperNet``.
+
+    Args:
+        data: The task (train / valid / test).
+        trainer: The supernet and its trainer (k-path warm-up, population steps, BatchNorm
+            recalibration).
+        config: Objective options.
+        seed: Base seed; each trial's streams are seeded by ``(seed, trial number)``.
+    """
+
+    def __init__(
+        self,
+        data: TaskData,
+        trainer: SupernetTrainer,
+        config: ObjectiveConfig,
+        *,
+        seed: int = 0,
+    ) -> None:
+        self.data = data
+        self.trainer = trainer
+        self.config = config
+        self.seed = seed
+        self.predictor = LatencyPredictor(trainer.supernet, repeats=config.latency_repeats)
+        self._flops: dict[str, float] = {}
+
+    @property
+    def supernet(self) -> Any:
+        return self.trainer.supernet
+
+    @property
+    def fine_tuning(self) -> FineTuning:
+        return FineTuning(
+            optimizer=self.config.optimizer,
+            lr=1e-3,  # replaced by the stage's rate before the first step
+            momentum=self.config.momentum,
+            weight_decay=self.config.weight_decay,
+            precision=self.trainer.config.precision,
+            grad_clip=self.trainer.config.grad_clip,
+        )
+
+    def predicted_flops(self, arch: Architecture) -> float:
+        """FLOPs of ``arch``'s subnet (the cost-aware scheduler's estimate), cached."""
+        key = arch.to_json()
+        if key not in self._flops:
+            model = self.supernet.subnet(arch).to(self.trainer.device)
+            self._flops[key] = float(count_flops(model, self.data.input_shape))
+        return self._flops[key]
+
+    def warm_up(self, *, epochs: int | None = None, max_batches: int | None = None) -> list[float]:
+        """Train the shared weights with ``k`` paths per batch (``SupernetTrainer.fit``)."""
+        return self.trainer.fit(self.data.train, epochs=epochs, max_batches=max_batches)
+
+    # ------------------------------------------------------------------ one trial
+    def evaluate(
+        self,
+        arch: Architecture,
+        link: TrialLink,
+        engine: Engine | None = None,
+        *,
+        on_step: Callable[[], None] | None = None,
+    ) -> Outcome:
+        """Score ``arch`` for the trial behind ``link`` (collective over a group);
+        ``on_step`` runs after every fine-tuning step (signal checks, averaging)."""
+        engine = engine if engine is not None else LocalEngine()
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(trial_seed(self.seed, link.number))
+            prepared: _Prepared | str | None = None
+            if link.is_leader:
+                prepared = self._guard(lambda: self._prepare(arch, link))
+            fault = prepared if isinstance(prepared, str) else None
+            train = isinstance(prepared, _Prepared) and prepared.train
+            fault, train = link.share((fault, train))
+            if fault is not None:
+                return self._failed(link, fault)
+            if not train:
+                if not isinstance(prepared, _Prepared):
+                    return Outcome("complete")  # a follower: the leader holds the values
+                costs = prepared.metrics
+                return Outcome("complete", self._values(None, costs), metrics=costs)
+            model = prepared.model if isinstance(prepared, _Prepared) else None
+            costs = prepared.metrics if isinstance(prepared, _Prepared) else {}
+            return self._fine_tune(arch, link, engine, model, costs, on_step)
+
+    def _guard(self, work: Callable[[], T]) -> T | str:
+        """Run ``work``; a fault of the candidate becomes its reason (a string)."""
+        try:
+            return work()
+        except _CandidateFault as fault:
+            return str(fault)
+        except Exception as error:
+            if not is_out_of_memory(error):
+                raise
+            reason = f"out of memory: {type(error).__name__}: {error}"
+        # Outside the except block: the traceback (and the tensors it holds) is released.
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        return reason
+
+    def _prepare(self, arch: Architecture, link: TrialLink) -> _Prepared:
+        """Population steps, the calibrated subnet, its costs and inherited score (leader)."""
+        self._population_steps(link)
+        model = self.trainer.calibrated_subnet(arch, self.data.train)
+        costs = self._costs(arch, model, link)
+        accuracy, loss = evaluate(model, self.data.valid)
+        costs.update(accuracy=accuracy, loss=loss)
+        link.record({_keys.OBJECTIVE_INHERITED_ACCURACY: accuracy})
+        train = self._feasible(costs) or not self.config.skip_infeasible
+        if not train:
+            link.record({_keys.OBJECTIVE_ACCURACY: accuracy, _keys.OBJECTIVE_EPOCHS: 0})
+        return _Prepared(model, costs, train)
+
+    def _population_steps(self, link: TrialLink) -> None:
+        steps = self.config.population_steps
+        if steps:
+            self.trainer.set_population(link.population(self.config.population_size))
+            self.trainer.train_steps(self.data.train, steps)
+
+    def _costs(self, arch: Architecture, model: nn.Module, link: TrialLink) -> dict[str, float]:
+        shape = self.data.input_shape
+        measured = measure_latency(model, shape, repeats=self.config.latency_repeats)
+        predicted = self.predictor.predict(arch)
+        costs = {
+            "flops": float(count_flops(model, shape)),
+            "params": float(count_parameters(model)),
+            "latency": measured if self.config.latency == "measured" else predicted,
+        }
+        link.record(
+            {
+                _keys.OBJECTIVE_FLOPS: costs["flops"],
+                _keys.OBJECTIVE_PARAMS: costs["params"],
+                _keys.OBJECTIVE_LATENCY: measured,
+                _keys.OBJECTIVE_PREDICTED_LATENCY: predicted,
+            }
+        )
+        for limit_name, cost_name in LIMITS.items():
+            limit = getattr(self.config, limit_name)
+            if limit is not None:
+                link.constrain(f"hpcnas.{limit_name}", costs[cost_name] / limit - 1.0)
+        return costs
+
+    def _feasible(self, costs: Mapping[str, float]) -> bool:
+        for limit_name, cost_name in LIMITS.items():
+            limit = getattr(self.config, limit_name)
+            if limit is not None and cost_name in costs and costs[cost_name] > limit:
+                return False
+        return True
+
+    def _scalar(self, metrics: Mapping[str, float]) -> float:
+        """The reported value: the first objective, scalarised when it is accuracy."""
+        cfg = self.config
+        first = cfg.objectives[0]
+        value = metrics[first]
+        if cfg.objectives == ("accuracy",):
+            if cfg.flops_weight:
+                value += cfg.flops_weight * math.log(1.0 / max(metrics["flops"], 1.0))
+            if cfg.latency_weight:
+                value += cfg.latency_weight * math.log(1.0 / max(metrics["latency"], 1e-9))
+        return float(value)
+
+    def _values(self, value: float | None, metrics: Mapping[str, float]) -> tuple[float, ...]:
+        if len(self.config.objectives) == 1:
+            return (float(value if value is not None else self._scalar(metrics)),)
+        return tuple(float(metrics[name]) for name in self.config.objectives)
+
+    def _failed(self, link: TrialLink, reason: str) -> Outcome:
+        link.record({_keys.OBJECTIVE_FAIL_REASON: reason})
+        if link.is_leader:
+            _logger.warning("Trial %d: %s", link.number, reason)
+        if reason.startswith(_NON_FINITE) and self.config.on_nan == "prune":
+            return Outcome("pruned", reason=reason)
+        return Outcome("failed", reason=reason)
+
+    # ------------------------------------------------------------------ fine-tuning
+    def _epoch_batches(self, generator: torch.Generator) -> list[tuple[torch.Tensor, Any]]:
+        batches = iterate_batches(
+            self.data.train, self.config.batch_size, shuffle=True, generator=generator
+        )
+        cap = self.config.max_batches_per_epoch
+        return [b for i, b in zip(range(cap if cap is not None else 2**62), batches)]
+
+    def _fine_tune(
+        self,
+        arch: Architecture,
+        link: TrialLink,
+        engine: Engine,
+        model: nn.Module | None,
+        costs: dict[str, float],
+        on_step: Callable[[], None] | None,
+    ) -> Outcome:
+        if model is None:  # not the leader: the engine replaces these weights by the leader's
+            model = self.supernet.subnet(arch).to(self.trainer.device)
+        session = engine.open(model, arch, self.fine_tuning)
+        plan = link.plan
+        generator = torch.Generator().manual_seed(trial_seed(self.seed, link.number))
+        per_epoch = math.ceil(len(self.data.train) / self.config.batch_size)  # type: ignore[arg-type]
+        if self.config.max_batches_per_epoch is not None:
+            per_epoch = min(per_epoch, self.config.max_batches_per_epoch)
+        best: tuple[float, dict[str, float]] | None = None
+        metrics = dict(costs)
+        stage_name = None
+        try:
+            for epoch in range(1, plan.total_epochs + 1):
+                index = plan.stages.stage_index(epoch)
+                stage = plan.stages.stages[index]
+                if stage.name != stage_name:
+                    stage_name = stage.name
+                    link.record({_keys.OBJECTIVE_STAGE: stage.name})
+                result = self._guard(
+                    functools.partial(
+                        self._epoch, session, model, generator, epoch, per_epoch, link, on_step
+                    )
+                )
+                fault = result if isinstance(result, str) else None
+                value = None
+                if not isinstance(result, str) and link.is_leader:
+                    metrics.update(result)
+                    value = self._scalar(metrics)
+                    link.record({_keys.OBJECTIVE_EPOCHS: epoch})
+                    if not plan.report or best is None or (value > best[0]) == plan.maximize:
+                        # the accuracy the trial ends with: its best epoch's when reported
+                        best = (value, dict(metrics))
+                        link.record({_keys.OBJECTIVE_ACCURACY: metrics["accuracy"]})
+                decision, reason = link.decide(epoch, value, fault)
+                if decision == Decision.FAIL:
+                    return self._failed(link, reason or "failed on another rank")
+                if decision == Decision.PRUNE:
+                    return Outcome(
+                        "pruned", reason=f"pruned at epoch {epoch} (stage {stage.name!r})"
+                    )
+                if decision == Decision.STOP:
+                    link.record({_keys.OBJECTIVE_EARLY_STOPPED: epoch})
+                    break
+        finally:
+            if session is not None:
+                session.close()
+        if not link.is_leader:
+            return Outcome("complete")
+        if plan.report and best is not None:
+            return Outcome("complete", self._values(best[0], best[1]), metrics=best[1])
+        return Outcome("complete", self._values(None, metrics), metrics=metrics)
+
+    def _epoch(
+        self,
+        session: EngineSession | None,
+        model: nn.Module,
+        generator: torch.Generator,
+        epoch: int,
+        per_epoch: int,
+        link: TrialLink,
+        on_step: Callable[[], None] | None,
+    ) -> dict[str, float]:
+        """One epoch of fine-tuning, then the leader's validation metrics."""
+        stages = link.plan.stages
+        index = stages.stage_index(epoch)
+        stage = stages.stages[index]
+        first = stages.boundaries[index - 1] + 1 if index > 0 else 1
+        stage_steps = max(1, (stages.boundaries[index] - first + 1) * per_epoch)
+        batches = self._epoch_batches(generator)
+        if session is not None:
+            for b, (x, y) in enumerate(batches):
+                lr = stage.lr
+                if self.config.stage_schedule == "cosine":
+                    done = (epoch - first) * per_epoch + b
+                    lr = 0.5 * stage.lr * (1.0 + math.cos(math.pi * done / stage_steps))
+                session.set_lr(lr)
+                if not session.step(x, y).finite:
+                    raise _CandidateFault(f"{_NON_FINITE} at epoch {epoch} (stage {stage.name!r})")
+                if on_step is not None:
+                    on_step()
+            session.synchronise()
+        if not link.is_leader:
+            return {}
+        accuracy, loss = evaluate(model, self.data.valid)
+        if not math.isfinite(loss):
+            raise _CandidateFault(f"{_NON_FINITE} at epoch {epoch} (stage {stage.name!r})")
+        return {"accuracy": accuracy, "loss": loss}

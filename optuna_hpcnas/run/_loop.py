@@ -1,0 +1,256 @@
+"""The evaluation loop of one group: pull the next trial, evaluate it with the core, tell.
+
+Leader::
+
+    pop a budget trial (or ask) -> suggest the architecture (the sampler runs here)
+    -> layout larger than the group? constraint + worst values, pull again
+    -> share the TrialTask with the group
+    every rank: TrialEvaluator.evaluate(arch, link, GroupEngine)   (the one core)
+    leader: tell -> average shared weights between groups -> checkpoints
+
+Only the leader touches the storage; the others get every task and decision by broadcast.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+import contextlib
+import logging
+import math
+import time
+from typing import Any
+from typing import TYPE_CHECKING
+
+from optuna_hpcnas import _keys
+from optuna_hpcnas import _records
+from optuna_hpcnas.distributed import DynamicScheduler
+from optuna_hpcnas.distributed import Stop
+from optuna_hpcnas.distributed import Task
+from optuna_hpcnas.distributed import TrialTask
+from optuna_hpcnas.evaluation import OptunaTrialLink
+from optuna_hpcnas.evaluation import Outcome
+from optuna_hpcnas.evaluation import TrialPlan
+from optuna_hpcnas.run._links import FollowerLink
+from optuna_hpcnas.run._links import LeaderLink
+from optuna_hpcnas.run._study import fail_stale_trials
+
+if TYPE_CHECKING:
+    import optuna
+
+    from optuna_hpcnas.config import RunConfig
+    from optuna_hpcnas.distributed import EvaluationGroup
+    from optuna_hpcnas.distributed import GroupChannel
+    from optuna_hpcnas.distributed import UtilisationTracker
+    from optuna_hpcnas.distributed._group_engine import GroupEngine
+    from optuna_hpcnas.evaluation import TrialEvaluator
+    from optuna_hpcnas.search_space import Architecture
+    from optuna_hpcnas.search_space import HierarchicalSearchSpace
+
+_logger = logging.getLogger(__name__)
+_WORST = {"maximize": -math.inf, "minimize": math.inf}
+
+
+class GroupLoop:
+    """Runs trials on one group until the budget or the timeout ends them.
+
+    Args:
+        config: The run configuration.
+        space: The search space.
+        group: This rank's evaluation group.
+        channel: The group's broadcast channel.
+        study: The study (group leaders; ``None`` elsewhere).
+        core: The evaluation core.
+        engine: The group's engine.
+        tracker: This rank's utilisation tracker.
+        on_step: Called after every optimizer step (signal checks, averaging progress).
+        after_trial: Called by the leader with the told trial's id (averaging, checkpoints).
+        observe_ask: Called with the seconds of each ask (metrics).
+    """
+
+    def __init__(
+        self,
+        *,
+        config: RunConfig,
+        space: HierarchicalSearchSpace,
+        group: EvaluationGroup,
+        channel: GroupChannel,
+        study: optuna.Study | None,
+        core: TrialEvaluator,
+        engine: GroupEngine,
+        tracker: UtilisationTracker,
+        on_step: Callable[[], None] | None = None,
+        after_trial: Callable[[int], None] | None = None,
+        observe_ask: Callable[[float], None] | None = None,
+        watch: Callable[[optuna.Trial], Any] | None = None,
+    ) -> None:
+        self.config = config
+        self.space = space
+        self.group = group
+        self.channel = channel
+        self.study = study
+        self.core = core
+        self.engine = engine
+        self.tracker = tracker
+        self.on_step = on_step
+        self.after_trial = after_trial
+        self.observe_ask = observe_ask
+        self.watch = watch
+        self.trials_done = 0
+        self.trials_infeasible = 0
+        self._start = time.monotonic()
+        self._sqlite = _records.sqlite_path(config.study.resolved_storage())
+        self._scheduler = self._make_scheduler() if group.is_leader else None
+
+    def _make_scheduler(self) -> DynamicScheduler:
+        cost_aware = self.config.distributed.scheduler == "cost_aware"
+        return DynamicScheduler(
+            num_groups=1,
+            source=self._pull,
+            cost_aware=cost_aware,
+            lookahead=self.config.distributed.lookahead if cost_aware else 1,
+        )
+
+    # ------------------------------------------------------------------ the loop
+    def run(self) -> None:
+        while True:
+            message: Any = None
+            task: Task | None = None
+            if self.group.is_leader:
+                assert self._scheduler is not None
+                with self.channel.leader_section("while asking for the next trial"):
+                    task = self._scheduler.next_task(0, time.monotonic())
+                message = Stop() if task is None else self._message(task)
+            with self.tracker.track("idle"):
+                message = self.channel.share(message)
+            if isinstance(message, Stop):
+                return
+            if task is not None:
+                self._lead(task.key[0], message)
+            else:
+                self._follow(message)
+
+    def _message(self, task: Task) -> TrialTask:
+        trial, arch, plan = task.key
+        return TrialTask(
+            trial_number=trial.number, architecture=arch.to_json(), plan=plan.to_dict()
+        )
+
+    def _lead(self, trial: optuna.Trial, message: TrialTask) -> None:
+        from optuna_hpcnas.search_space import Architecture
+
+        arch = Architecture.from_json(message.architecture)
+        link = LeaderLink(
+            OptunaTrialLink(trial, TrialPlan.from_dict(message.plan)),
+            self.channel,
+            self.group.comm,
+            self.tracker,
+        )
+        watch = self.watch(trial) if self.watch is not None else contextlib.nullcontext()
+        beat = _records.heartbeat(trial) if self._heartbeat else contextlib.nullcontext()
+        with beat, watch:
+            with self.tracker.track("compute"):
+                outcome = self.core.evaluate(arch, link, self.engine, on_step=self.on_step)
+        with self.channel.leader_section("telling the result"):
+            self._tell(trial, arch, outcome)
+        if self.after_trial is not None:
+            with self.channel.leader_section("after the trial"):
+                self.after_trial(trial._trial_id)
+
+    def _follow(self, message: TrialTask) -> None:
+        from optuna_hpcnas.search_space import Architecture
+
+        link = FollowerLink(
+            message.trial_number,
+            TrialPlan.from_dict(message.plan),
+            self.channel,
+            self.group.comm,
+            self.tracker,
+        )
+        with self.tracker.track("compute"):
+            self.core.evaluate(
+                Architecture.from_json(message.architecture),
+                link,
+                self.engine,
+                on_step=self.on_step,
+            )
+
+    @property
+    def _heartbeat(self) -> bool:
+        assert self.study is not None
+        return _records.has_heartbeat(self.study._storage)
+
+    # ------------------------------------------------------------------ leader: pulling work
+    def _timed_out(self) -> bool:
+        timeout = self.config.study.timeout
+        return timeout is not None and time.monotonic() - self._start >= timeout
+
+    def _pop(self) -> optuna.Trial | None:
+        assert self.study is not None
+        if self._timed_out():
+            return None
+        with self.tracker.track("storage"):
+            fail_stale_trials(self.study)
+            if self.config.study.n_trials is None:
+                return self.study.ask()
+            return _records.pop_waiting_trial(self.study, sqlite_path=self._sqlite)
+
+    def _pull(self) -> Task | None:
+        """The scheduler's source: the next feasible trial of the study."""
+        assert self.study is not None
+        while True:
+            trial = self._pop()
+            if trial is None:
+                return None
+            started = time.perf_counter()
+            with self.tracker.track("sampler"):
+                arch = self.space.suggest(trial)
+            if self.observe_ask is not None:
+                self.observe_ask(time.perf_counter() - started)
+            with self.tracker.track("storage"):
+                _records.record_architecture(trial, arch)
+            excess = arch.cluster.ranks - self.group.size
+            if excess > 0:
+                self._tell_infeasible(trial, arch, excess)
+                continue
+            cost = 0.0
+            if self.config.distributed.scheduler == "cost_aware":
+                with self.tracker.track("sampler"):
+                    cost = self.core.predicted_flops(arch)
+            plan = TrialPlan.for_study(self.study, self.config.objective, self.config.stages)
+            return Task(key=(trial, arch, plan), cost=cost, submitted=time.monotonic())
+
+    def _tell_infeasible(self, trial: optuna.Trial, arch: Architecture, excess: int) -> None:
+        """``dp x pp`` exceeds the group: a constraint > 0 and the worst values, no training."""
+        assert self.study is not None
+        reason = (
+            f"data_parallel x pipeline_stages = {arch.cluster.ranks} exceeds the "
+            f"{self.group.size} ranks of evaluation group {self.group.index}"
+        )
+        with self.tracker.track("storage"):
+            key = f"constraints:{_keys.CLUSTER_RANKS_CONSTRAINT}"
+            # the space records the same constraint itself when it knows max_ranks
+            if key not in trial.storage.get_trial_system_attrs(trial._trial_id):
+                trial.set_constraint(_keys.CLUSTER_RANKS_CONSTRAINT, float(excess))
+            _records.set_trial_system_attr(trial, _keys.DISTRIBUTED_INFEASIBLE, reason)
+            self.study.tell(trial, [_WORST[d] for d in self.config.directions])
+        self.trials_infeasible += 1
+        _logger.info("Trial %d infeasible: %s.", trial.number, reason)
+
+    def _tell(self, trial: optuna.Trial, arch: Architecture, outcome: Outcome) -> None:
+        from optuna.trial import TrialState
+
+        assert self.study is not None
+        engine = "deepspeed" if self.engine.uses_deepspeed(arch) else "plain"
+        c = arch.cluster
+        layout = f"dp{c.data_parallel}xpp{c.pipeline_stages} on {self.group.size} ranks ({engine})"
+        with self.tracker.track("storage"):
+            _records.set_trial_system_attr(trial, _keys.DISTRIBUTED_GROUP, self.group.index)
+            _records.set_trial_system_attr(trial, _keys.DISTRIBUTED_LAYOUT, layout)
+            if outcome.state == "complete":
+                assert outcome.values is not None
+                self.study.tell(trial, list(outcome.values))
+            elif outcome.state == "pruned":
+                self.study.tell(trial, state=TrialState.PRUNED)
+            else:
+                self.study.tell(trial, state=TrialState.FAIL)
+        self.trials_done += 1

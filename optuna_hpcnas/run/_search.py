@@ -1,0 +1,307 @@
+"""``run_search``: the composition root of ``hpcnas run``, in one process or on every MPI rank.
+
+It only wires parts that live elsewhere::
+
+    threads per process -> evaluation groups (node-local first) -> the data and the
+    evaluation core (SupernetObjective, exactly as the Python API builds it)
+    -> the study and its budget (world rank 0) -> checkpoint restore, else the k-path
+    supernet warm-up (leaders) -> weight averaging between groups -> GroupLoop
+    -> final checkpoint, averaging rounds, per-rank utilisation stored in the study
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from typing import Any
+from typing import TYPE_CHECKING
+
+from optuna_hpcnas import _records
+from optuna_hpcnas.distributed import form_groups
+from optuna_hpcnas.distributed import GroupChannel
+from optuna_hpcnas.distributed import UtilisationTracker
+from optuna_hpcnas.distributed._groups import world_comm
+from optuna_hpcnas.distributed._utilisation import format_table
+from optuna_hpcnas.run._study import open_study
+from optuna_hpcnas.run._threads import configure_threads
+
+if TYPE_CHECKING:
+    import optuna
+
+    from optuna_hpcnas.config import RunConfig
+    from optuna_hpcnas.distributed import DistributedConfig
+    from optuna_hpcnas.distributed import EvaluationGroup
+    from optuna_hpcnas.evaluation import SupernetObjective
+    from optuna_hpcnas.metrics import SearchMetrics
+    from optuna_hpcnas.search_space import HierarchicalSearchSpace
+
+_logger = logging.getLogger(__name__)
+
+
+def resolve_device(name: str) -> str:
+    if name != "auto":
+        return name
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def group_size(config: DistributedConfig, space: HierarchicalSearchSpace) -> int:
+    """``[distributed] group_size``, or (0) the largest layout of the space."""
+    if config.group_size:
+        return int(config.group_size)
+    d = space.to_dict()
+    largest = max(d["data_parallel"]) * max(d["pipeline_stages"])
+    return min(largest, space.max_ranks) if space.max_ranks is not None else largest
+
+
+def build_objective(
+    config: RunConfig, space: HierarchicalSearchSpace, data: Any, device: str
+) -> SupernetObjective:
+    """The evaluation core of a run: the ``SupernetObjective`` the Python API would build
+    from the same ``[training]``, ``[objective]`` and ``[stages]`` tables."""
+    from optuna_hpcnas.evaluation import SupernetObjective
+
+    return SupernetObjective(
+        space,
+        data,
+        training=config.training.supernet,
+        plan=config.stages,
+        config=config.objective,
+        device=device,
+        seed=config.training.supernet.seed,
+    )
+
+
+def run_search(
+    config: RunConfig, *, comm: Any = None, metrics: SearchMetrics | None = None
+) -> None:
+    """Run the search a ``RunConfig`` describes on every rank of ``comm``.
+
+    With one process (``comm=None`` and no MPI launch) this is a plain single-process search.
+    Under ``mpirun -n N python -m mpi4py -m optuna_hpcnas run --config nas.toml`` every rank
+    calls it; ranks form evaluation groups of ``[distributed] group_size`` and only group
+    leaders touch the storage. Every trial is evaluated by the same core as
+    ``SupernetObjective`` (the Python API): the same seed, architecture and settings give the
+    same validation metric through the API, one process, or a group.
+
+    Fault tolerance: on an RDB storage every running trial sends heartbeats
+    (``[checkpoints] heartbeat_interval``); when the search is started again, trials silent
+    for ``grace_period`` are failed and re-queued and the interrupted budget is resumed. With
+    ``[checkpoints] enabled`` the supernet is checkpointed into the study's database and
+    restored at start, and SIGTERM/SIGUSR1 checkpoint at once, re-queue the running trial and
+    exit within ``exit_deadline`` seconds.
+    """
+    comm = comm if comm is not None else world_comm()
+    tracker = UtilisationTracker()
+    space = config.space.build()
+    group = form_groups(comm, group_size(config.distributed, space))
+    try:
+        _run(config, comm, group, space, tracker, metrics)
+    finally:
+        group.free()
+
+
+def _run(
+    config: RunConfig,
+    comm: Any,
+    group: EvaluationGroup,
+    space: HierarchicalSearchSpace,
+    tracker: UtilisationTracker,
+    metrics: SearchMetrics | None,
+) -> None:
+    import torch
+
+    from optuna_hpcnas.distributed._group_engine import GroupEngine
+
+    configure_threads(
+        requested=config.training.threads,
+        ranks_on_node=group.context.local_size,
+        rank=comm.Get_rank(),
+    )
+    device = resolve_device(config.training.device)
+    if device == "cuda":  # one GPU per rank of a node
+        torch.cuda.set_device(group.context.local_rank % torch.cuda.device_count())
+    with tracker.track("setup"):
+        objective = build_objective(config, space, config.data.load(), device)
+    with tracker.track("storage"):
+        study = open_study(config, comm, group)
+    checkpoints = _checkpoints(config, comm, group, study, objective)
+    if group.is_leader:
+        with tracker.track("compute"):
+            _warm_up(config, objective, checkpoints, comm.Get_rank())
+    averager = _averager(config, group, objective, tracker)
+    engine = GroupEngine(group, config.distributed, device, batch_size=config.objective.batch_size)
+    guard = _guard(config, checkpoints)
+    loop = _loop(
+        config,
+        space,
+        group,
+        study,
+        objective,
+        engine,
+        tracker,
+        guard,
+        averager,
+        metrics,
+        checkpoints,
+    )
+    started = time.perf_counter()
+    # signal handlers can only be installed from the main thread
+    in_main = threading.current_thread() is threading.main_thread()
+    try:
+        with guard if in_main else contextlib.nullcontext(guard):
+            loop.run()
+        if checkpoints is not None:
+            with tracker.track("storage"):
+                checkpoints.finish()
+        if averager is not None:
+            with tracker.track("idle"):  # waiting for the last group to finish its trial
+                target = averager.agree_rounds()
+            with tracker.track("communication"):
+                averager.finish(target)
+    finally:
+        engine.close()
+    _finish(comm, group, study, tracker, loop, averager, time.perf_counter() - started)
+
+
+def _checkpoints(
+    config: RunConfig, comm: Any, group: EvaluationGroup, study: Any, objective: Any
+) -> Any:
+    if not (group.is_leader and config.checkpoints.enabled) or study is None:
+        return None
+    from optuna_hpcnas.run._checkpointing import SupernetCheckpoints
+
+    return SupernetCheckpoints(
+        study, objective.trainer, config.checkpoints, owner=comm.Get_rank() == 0
+    )
+
+
+def _warm_up(config: RunConfig, objective: Any, checkpoints: Any, rank: int) -> None:
+    """Restore the newest supernet checkpoint, or train the shared weights (k paths)."""
+    if checkpoints is not None and checkpoints.restore():
+        return
+    supernet = config.training.supernet
+    if supernet.epochs == 0:
+        return
+    start = time.perf_counter()
+    losses = objective.train_supernet(max_batches=config.training.warmup_max_batches)
+    if rank == 0:
+        _logger.info(
+            "Supernet warm-up: %d epoch(s) x %d path(s) per batch in %.1f s (loss %.3f -> %.3f).",
+            supernet.epochs,
+            supernet.paths_per_batch,
+            time.perf_counter() - start,
+            losses[0],
+            losses[-1],
+        )
+    if checkpoints is not None:
+        checkpoints.save()
+
+
+def _averager(config: RunConfig, group: EvaluationGroup, objective: Any, tracker: Any) -> Any:
+    """Averaging of the shared supernet weights between groups (leaders; several groups)."""
+    d = config.distributed
+    if not (group.is_leader and group.num_groups > 1 and d.sync_interval > 0):
+        return None
+    from optuna_hpcnas.distributed._averaging import broadcast_tensors
+    from optuna_hpcnas.distributed._averaging import ParameterAverager
+
+    supernet = objective.supernet
+    shared = [p.data for p in supernet.parameters()]
+    shared += [b for b in supernet.buffers() if b.is_floating_point()]
+    with tracker.track("communication"):
+        broadcast_tensors(group.leaders, shared)
+    return ParameterAverager(
+        group,
+        shared,
+        interval=d.sync_interval,
+        compression=d.compression,
+        powersgd_rank=d.powersgd_rank,
+        seed=config.training.supernet.seed,
+    )
+
+
+def _guard(config: RunConfig, checkpoints: Any) -> Any:
+    from optuna_hpcnas.checkpoints import PreemptionGuard
+
+    save = checkpoints.save if checkpoints is not None and checkpoints.owner else None
+    return PreemptionGuard.from_config(config.checkpoints, checkpoint=save)
+
+
+def _loop(
+    config: RunConfig,
+    space: HierarchicalSearchSpace,
+    group: EvaluationGroup,
+    study: Any,
+    objective: Any,
+    engine: Any,
+    tracker: UtilisationTracker,
+    guard: Any,
+    averager: Any,
+    metrics: SearchMetrics | None,
+    checkpoints: Any,
+) -> Any:
+    from optuna_hpcnas.run._loop import GroupLoop
+
+    def on_step() -> None:
+        if averager is not None:
+            averager.poll()
+        guard.check()
+
+    def after_trial(trial_id: int) -> None:
+        if averager is not None:
+            with tracker.track("communication"):
+                averager.trial_finished()
+        if checkpoints is not None:
+            with tracker.track("storage"):
+                before = checkpoints.bytes_written
+                checkpoints.after_trial(trial_id)
+                if metrics is not None and checkpoints.bytes_written > before:
+                    metrics.add_checkpoint_bytes(checkpoints.bytes_written - before)
+
+    return GroupLoop(
+        config=config,
+        space=space,
+        group=group,
+        channel=GroupChannel(group.comm, group_index=group.index),
+        study=study,
+        core=objective.core,
+        engine=engine,
+        tracker=tracker,
+        on_step=on_step,
+        after_trial=after_trial,
+        observe_ask=metrics.observe_ask if metrics is not None else None,
+        watch=guard.watch,
+    )
+
+
+def _finish(
+    comm: Any,
+    group: EvaluationGroup,
+    study: optuna.Study | None,
+    tracker: UtilisationTracker,
+    loop: Any,
+    averager: Any,
+    loop_seconds: float,
+) -> None:
+    """Gather every rank's time shares on world rank 0 and store them in the study."""
+    tracker.stop()
+    report = tracker.report(
+        rank=comm.Get_rank(),
+        loop_seconds=loop_seconds,
+        group=group.index,
+        leader=group.is_leader,
+        trials=loop.trials_done if group.is_leader else 0,
+        infeasible=loop.trials_infeasible,
+        sync_bytes=averager.bytes_sent if averager is not None else 0,
+        sync_rounds=averager.rounds_done if averager is not None else 0,
+    )
+    reports = comm.gather(report, root=0)  # after tracker.stop(): not counted
+    if comm.Get_rank() != 0:
+        return
+    assert study is not None and reports is not None
+    _logger.info("Utilisation per rank:\n%s", format_table(reports))
+    _records.store_utilisation(study, [r.to_dict() for r in reports])

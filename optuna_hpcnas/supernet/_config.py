@@ -1,0 +1,111 @@
+"""``SupernetTrainingConfig`` and its enums: supernet training options, without torch (the
+``[training]`` table of a run configuration is this class)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+import math
+
+
+class Precision(str, Enum):
+    """Forward precision; parameters and optimizer state are always fp32."""
+
+    FP32 = "fp32"
+    BF16 = "bf16"
+    FP16 = "fp16"
+
+
+class PathSampling(str, Enum):
+    """Where the ``k`` paths of a batch come from."""
+
+    UNIFORM = "uniform"
+    FAIR = "fair"
+    POPULATION = "population"
+
+
+@dataclass(frozen=True)
+class SupernetTrainingConfig:
+    """Options of supernet training (``SupernetTrainingConfig(**toml_table)``).
+
+    Args:
+        paths_per_batch: ``k`` architectures sampled per batch, gradients accumulated.
+        sampling: ``"uniform"`` over the space; ``"fair"``: uniform, except that the ``k``
+            paths of a batch cycle through every operator of every cell in a random order,
+            so each operator gets the same number of updates (FairNAS's strict fairness when
+            ``k`` is the number of operators); or ``"population"``: from the architectures
+            given with ``SupernetTrainer.set_population`` (uniform until one is given).
+        optimizer: ``"adam"`` (AdamW-style decoupled decay off: plain Adam with L2) or
+            ``"sgd"`` (Nesterov momentum); the learning rate decays on a cosine over ``epochs``.
+        lr: Learning rate.
+        momentum: SGD momentum (``sgd`` only).
+        weight_decay: L2 penalty.
+        batch_size: Samples per batch.
+        epochs: Epochs of ``SupernetTrainer.fit``.
+        precision: ``"fp32"``, ``"bf16"`` (CPU or GPU) or ``"fp16"`` (GPU only, loss scaling).
+        grad_clip: Clip the gradient norm to this value (``0``: no clipping).
+        bn_recalibration_batches: Training batches used to recompute a subnet's BatchNorm
+            statistics before it is scored.
+        seed: Seed of path sampling and data order.
+    """
+
+    paths_per_batch: int = 10
+    sampling: str = "uniform"
+    optimizer: str = "adam"
+    lr: float = 0.01
+    momentum: float = 0.9
+    weight_decay: float = 3e-4
+    batch_size: int = 64
+    epochs: int = 10
+    precision: str = "fp32"
+    grad_clip: float = 5.0
+    bn_recalibration_batches: int = 4
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in (
+            "paths_per_batch",
+            "batch_size",
+            "epochs",
+            "bn_recalibration_batches",
+            "seed",
+        ):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"`{name}` must be an int, but got {value!r}.")
+        for name in ("paths_per_batch", "batch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"`{name}` is {getattr(self, name)}, but must be >= 1.")
+        for name in ("epochs", "bn_recalibration_batches"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"`{name}` is {getattr(self, name)}, but must be >= 0.")
+        for name in ("lr", "momentum", "weight_decay", "grad_clip"):
+            value = getattr(self, name)
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or not math.isfinite(value)
+            ):
+                raise ValueError(f"`{name}` is {value!r}, but must be a finite number.")
+            if (name == "lr" and value <= 0) or value < 0:
+                raise ValueError(
+                    f"`{name}` is {value!r}, but must be {'> 0' if name == 'lr' else '>= 0'}."
+                )
+        if self.optimizer not in ("adam", "sgd"):
+            raise ValueError(f"`optimizer` is {self.optimizer!r}, but must be 'adam' or 'sgd'.")
+        if self.momentum >= 1:
+            raise ValueError(f"`momentum` is {self.momentum}, but must be < 1.")
+        try:
+            Precision(self.precision)
+        except ValueError:
+            raise ValueError(
+                f"`precision` is {self.precision!r}, but must be one of "
+                f"{[p.value for p in Precision]}."
+            ) from None
+        try:
+            PathSampling(self.sampling)
+        except ValueError:
+            raise ValueError(
+                f"`sampling` is {self.sampling!r}, but must be one of "
+                f"{[s.value for s in PathSampling]}."
+            ) from None

@@ -1,0 +1,52 @@
+"""Small, fast run configurations for tests of ``hpcnas run`` (seconds on one core)."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+TINY: dict[str, Any] = {
+    "study": {"name": "tiny", "n_trials": 4},
+    "space": {"preset": "digits-small"},
+    "data": {"name": "digits", "max_samples": 200},
+    "sampler": {"name": "random", "seed": 0},
+    "pruner": {"name": "staged"},
+    "stages": {
+        "stages": [
+            {"name": "quick", "epochs": 1, "lr": 1e-3, "promote": 0.5},
+            {"name": "medium", "epochs": 1, "lr": 1e-2},
+        ],
+        "patience": 3,
+    },
+    "training": {
+        "epochs": 1,
+        "paths_per_batch": 2,
+        "sampling": "fair",
+        "batch_size": 32,
+        "warmup_max_batches": 3,
+        "threads": 1,
+    },
+    "objective": {
+        "optimizer": "adam",
+        "batch_size": 32,
+        "max_batches_per_epoch": 3,
+        "latency_repeats": 1,
+    },
+    "export": {"epochs": 2, "latency_repeats": 1},
+}
+
+
+def tiny_config(**sections: dict[str, Any]) -> dict[str, Any]:
+    """``TINY`` with the keys of ``sections`` replaced (section by section, key by key)."""
+    out = copy.deepcopy(TINY)
+    for name, values in sections.items():
+        out.setdefault(name, {}).update(values)
+    return out
+
+
+def write_config(path: Path, data: dict[str, Any]) -> Path:
+    import tomli_w
+
+    path.write_text(tomli_w.dumps(data))
+    return path

@@ -1,0 +1,198 @@
+"""``run_search`` in one process: the composition root over the one evaluation core."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+import torch
+
+from optuna_hpcnas import _keys
+from optuna_hpcnas import HierarchicalSearchSpace
+from optuna_hpcnas.config import config_from_dict
+from optuna_hpcnas.evaluation import _core
+from optuna_hpcnas.run import run_search
+from optuna_hpcnas.run import thread_share
+from optuna_hpcnas.run import utilisation_from_study
+from tests.run_configs import tiny_config
+
+COMPLETE, PRUNED, FAIL = (
+    optuna.trial.TrialState.COMPLETE,
+    optuna.trial.TrialState.PRUNED,
+    optuna.trial.TrialState.FAIL,
+)
+
+
+def _run(tmp_path: Path, **sections: dict[str, Any]) -> optuna.Study:
+    url = f"sqlite:///{tmp_path / 'run.db'}"
+    study = {"storage": url, **sections.pop("study", {})}
+    config = config_from_dict(tiny_config(study=study, **sections))
+    run_search(config)
+    return optuna.load_study(study_name=config.study.name, storage=url)
+
+
+def test_single_process_search_and_infeasible_layouts(tmp_path: Path) -> None:
+    study = _run(
+        tmp_path,
+        study={"n_trials": 6},
+        space={"overrides": {"data_parallel": [1, 2]}},
+        pruner={"name": "none"},
+    )
+    trials = study.get_trials()
+    assert len(trials) == 6 and all(t.state.is_finished() for t in trials)
+    key = f"constraints:{_keys.CLUSTER_RANKS_CONSTRAINT}"
+    for t in trials:
+        if t.params["cluster.data_parallel"] == 2:  # needs 2 ranks, the group has 1
+            assert t.system_attrs[key] == 1.0 and t.values == [float("-inf")]
+        else:
+            assert t.state == COMPLETE
+            assert t.system_attrs[_keys.DISTRIBUTED_LAYOUT] == "dp1xpp1 on 1 ranks (plain)"
+            # the core's records: costs, inherited score, every epoch reported
+            ua = t.user_attrs
+            assert ua["flops"] > 0 and ua["params"] > 0 and 0 <= ua["inherited_accuracy"] <= 1
+            assert sorted(t.intermediate_values) == [1, 2] and ua["epochs"] == 2
+    runs = utilisation_from_study(study)
+    assert len(runs) == 1 and runs[0]["ranks"][0]["rank"] == 0
+    # rerunning adds the new budget on top (the study is loaded, not recreated)
+    study = _run(
+        tmp_path,
+        study={"n_trials": 2},
+        space={"overrides": {"data_parallel": [1, 2]}},
+        pruner={"name": "none"},
+    )
+    assert len(study.get_trials()) == 8
+    assert len(utilisation_from_study(study)) == 2
+
+
+def test_staged_plan_drives_epochs_and_pruning(tmp_path: Path) -> None:
+    study = _run(tmp_path, study={"n_trials": 6}, sampler={"name": "random", "seed": 1})
+    trials = study.get_trials()
+    states = {t.state for t in trials}
+    assert states <= {COMPLETE, PRUNED} and PRUNED in states
+    for t in trials:
+        epochs = t.user_attrs[_keys.OBJECTIVE_EPOCHS]
+        if t.state == COMPLETE:
+            assert epochs == 2 and t.user_attrs[_keys.OBJECTIVE_STAGE] == "medium"
+            assert t.values[0] == max(t.intermediate_values.values())  # the best epoch
+        else:
+            assert epochs == 1 and t.user_attrs[_keys.OBJECTIVE_STAGE] == "quick"
+
+
+@pytest.mark.parametrize("name", ["evolutionary", "qubo"])
+def test_the_configured_sampler_breeds_the_trials(tmp_path: Path, name: str) -> None:
+    kwargs = {"population_size": 4} if name == "evolutionary" else {"n_startup_trials": 3}
+    study = _run(
+        tmp_path,
+        study={"n_trials": 8},
+        sampler={"name": name, "seed": 0, "kwargs": kwargs},
+        pruner={"name": "none"},
+        objective={"max_batches_per_epoch": 1},
+        stages={"stages": [{"name": "quick", "epochs": 1, "lr": 1e-3}]},
+    )
+    trials = study.get_trials()
+    assert len(trials) == 8
+    if name == "evolutionary":
+        origins = [t.system_attrs.get(_keys.EVOLUTION_ORIGIN) for t in trials]
+        assert all(o is not None for o in origins)
+        operations = {o["operation"] for o in origins}
+        assert operations - {"random"}, f"only random trials: {operations}"
+    else:
+        infos = [t.system_attrs.get(_keys.QUBO_INFO) for t in trials[3:]]
+        assert all(i is not None for i in infos)
+        assert any(not i.get("fallback") for i in infos)
+
+
+def test_out_of_memory_fails_that_trial_only_and_is_not_retried(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = _core.train_step
+    calls = {"n": 0}
+
+    def flaky(model: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+        calls["n"] += 1
+        if calls["n"] == 2:  # the first trial's second step
+            raise torch.OutOfMemoryError("CUDA out of memory (injected)")
+        return real(model, *args, **kwargs)
+
+    monkeypatch.setattr(_core, "train_step", flaky)
+    study = _run(tmp_path, study={"n_trials": 3}, pruner={"name": "none"})
+    trials = study.get_trials()
+    assert [t.state for t in trials] == [FAIL, COMPLETE, COMPLETE]  # no WAITING retry
+    assert "out of memory" in trials[0].user_attrs[_keys.OBJECTIVE_FAIL_REASON]
+
+
+def test_non_finite_loss_fails_the_trial_and_the_search_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from optuna_hpcnas.supernet import StepResult
+
+    real = _core.train_step
+    calls = {"n": 0}
+
+    def nan_once(*args: Any, **kwargs: Any) -> Any:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            return StepResult(float("nan"), False, 1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(_core, "train_step", nan_once)
+    study = _run(tmp_path, study={"n_trials": 2}, pruner={"name": "none"})
+    first, second = study.get_trials()
+    assert first.state == FAIL and "non-finite loss" in first.user_attrs["fail_reason"]
+    assert second.state == COMPLETE
+
+
+def test_hard_limits_are_constraints_in_the_run(tmp_path: Path) -> None:
+    study = _run(
+        tmp_path,
+        study={"n_trials": 4},
+        pruner={"name": "none"},
+        objective={"max_params": 1500.0},
+    )
+    for t in study.get_trials():
+        excess = t.system_attrs["constraints:hpcnas.max_params"]
+        assert excess == pytest.approx(t.user_attrs["params"] / 1500.0 - 1.0)
+        if excess > 0:  # skipped: inherited score, no epoch
+            assert t.user_attrs["epochs"] == 0 and not t.intermediate_values
+
+
+def test_cost_aware_scheduler_runs_the_costliest_waiting_candidate_first(tmp_path: Path) -> None:
+    study = _run(
+        tmp_path,
+        study={"n_trials": 4, "directions": ["minimize"]},
+        sampler={"name": "random", "seed": 2},
+        objective={"objectives": ["flops"]},
+        pruner={"name": "none"},
+        distributed={"scheduler": "cost_aware", "lookahead": 4},
+    )
+    trials = study.get_trials()
+    assert len(trials) == 4 and all(t.state == COMPLETE for t in trials)
+    # all four were asked before any ran; they ran (and finished) in decreasing FLOPs
+    by_finish = sorted(trials, key=lambda t: t.datetime_complete)
+    flops = [t.values[0] for t in by_finish]
+    assert flops == sorted(flops, reverse=True)
+
+
+def test_thread_share_prefers_config_then_omp_then_cores() -> None:
+    assert thread_share(requested=3, ranks_on_node=4, environ={"OMP_NUM_THREADS": "2"})[0] == 3
+    assert thread_share(requested=None, ranks_on_node=4, environ={"OMP_NUM_THREADS": "2"})[0] == 2
+    from optuna_hpcnas.run._threads import available_cores
+
+    share, source = thread_share(requested=None, ranks_on_node=2, environ={})
+    assert share == max(1, available_cores() // 2) and "rank(s) on this node" in source
+    assert thread_share(requested=None, ranks_on_node=10**6, environ={})[0] == 1
+
+
+def test_budget_trials_carry_no_fixed_params(tmp_path: Path) -> None:
+    from optuna_hpcnas import _records
+
+    study = optuna.create_study()
+    _records.add_budget(study, 3)
+    waiting = study.get_trials(states=(optuna.trial.TrialState.WAITING,))
+    assert len(waiting) == 3 and all("fixed_params" not in t.system_attrs for t in waiting)
+    space = HierarchicalSearchSpace.preset("digits-small")
+    trial = _records.pop_waiting_trial(study, sqlite_path=None)
+    assert trial is not None and trial.number == 0
+    assert space.contains(space.suggest(trial))
