@@ -59,3 +59,15 @@ QUBO_INFO = "hpcnas:qubo:info"
 EVOLUTION_ORIGIN = "hpcnas:evolution:origin"
 """How a trial's parameters were made: ``{"operation", "parent", "second_parent", "level",
 "params"}``; ``params`` lets other workers see a running child before its parameters land."""
+
+# --- storages (optuna_hpcnas.storages) ---------------------------------------------------
+# Trial system attributes. A runner-level lease on storages without heartbeats (journal file,
+# Redis journal, gRPC proxy): ``{"number": trial number, "expires": epoch seconds}``, renewed
+# while the trial runs. The number tells a lease copied into a retry from the retry's own.
+STORAGES_LEASE = "hpcnas:storages:lease"
+# Why recover_expired_trials failed a trial (set just before the trial is failed).
+STORAGES_RECOVERED = "hpcnas:storages:recovered"
+# Load test (optuna_hpcnas.storages.testing), trial user attributes: which worker ran the
+# trial, and the number the worker saw (checked against the stored one).
+LOADTEST_WORKER = "load_worker"
+LOADTEST_NUMBER = "load_number"

@@ -86,8 +86,47 @@ class CheckpointInfo:
 
     @classmethod
     def from_json(cls, text: str) -> CheckpointInfo:
+        """Parse a manifest; ``ValueError`` / ``TypeError`` name the field that is wrong.
+
+        Manifests are JSON in a shared study, so anything may be there (another version, a
+        hand edit); a wrong-typed field must fail here and not later while sorting or loading.
+        """
         data = json.loads(text)
+        if not isinstance(data, dict):
+            raise TypeError(f"manifest is {type(data).__name__}, not a JSON object")
+        missing = sorted(set(_MANIFEST_FIELDS) - set(data) - {"metadata"})
+        if missing:
+            raise KeyError(f"manifest lacks field(s) {', '.join(missing)}")
+        unknown = sorted(set(data) - set(_MANIFEST_FIELDS))
+        if unknown:
+            raise KeyError(f"manifest has unknown field(s) {', '.join(unknown)}")
+        for name, value in data.items():
+            allowed = _MANIFEST_FIELDS[name]
+            # bool is an int subclass in Python; a `true` step is as wrong as a string one.
+            if isinstance(value, bool) or not isinstance(value, allowed):
+                raise TypeError(
+                    f"manifest field {name!r} is {value!r}, but must be "
+                    + " or ".join("null" if t is type(None) else t.__name__ for t in allowed)
+                )
         return cls(**data)
+
+
+# The JSON types each manifest field may take (``created_at`` may come back as an int).
+_MANIFEST_FIELDS: dict[str, tuple[type, ...]] = {
+    "checkpoint_id": (str,),
+    "namespace": (str,),
+    "step": (int,),
+    "kind": (str,),
+    "parent_id": (str, type(None)),
+    "depth": (int,),
+    "artifact_id": (str,),
+    "size": (int,),
+    "sha256": (str,),
+    "n_records": (int,),
+    "n_changed": (int,),
+    "created_at": (float, int),
+    "metadata": (dict,),
+}
 
 
 @dataclass
@@ -421,7 +460,10 @@ class CheckpointManager:
             try:
                 infos.append(CheckpointInfo.from_json(value))
             except (TypeError, ValueError, KeyError) as e:
-                _logger.warning("Ignoring unreadable checkpoint manifest %s: %s", key, e)
+                name = key[len(self._prefix) :]
+                message = f"Checkpoint {name!r} has an unreadable manifest and was skipped: {e}"
+                _logger.warning(message)
+                warnings.warn(message, InvalidCheckpointWarning, stacklevel=2)
         infos.sort(key=lambda i: (i.step, i.created_at))
         return infos
 

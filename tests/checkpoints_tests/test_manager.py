@@ -136,6 +136,42 @@ def test_damaged_newest_falls_back_with_warning_naming_it(sqlite_url: str, how: 
     )
 
 
+@pytest.mark.parametrize(
+    "damage",
+    [
+        pytest.param(lambda m: {**m, "step": str(m["step"])}, id="step-string"),
+        pytest.param(lambda m: {**m, "step": True}, id="step-bool"),
+        pytest.param(lambda m: {**m, "size": None}, id="size-null"),
+        pytest.param(lambda m: {**m, "created_at": "yesterday"}, id="created-at-string"),
+        pytest.param(lambda m: {**m, "metadata": [1, 2]}, id="metadata-list"),
+        pytest.param(lambda m: {k: v for k, v in m.items() if k != "sha256"}, id="missing"),
+        pytest.param(lambda m: [m], id="not-an-object"),
+        pytest.param(lambda m: "{not json", id="invalid-json"),
+    ],
+)
+def test_damaged_manifest_is_skipped_with_warning_naming_it(sqlite_url: str, damage) -> None:
+    """Valid JSON with a wrong-typed field is skipped like invalid JSON (it used to raise a
+    TypeError while sorting the manifests)."""
+    study, store, manager = _setup(sqlite_url, full_every=10)
+    states = _states(3)
+    infos = [manager.save(s, step=i) for i, s in enumerate(states)]
+    key = f"hpcnas:checkpoints:manifest:supernet:{infos[2].checkpoint_id}"
+    attrs = study._storage.get_study_system_attrs(study._study_id)
+    damaged = damage(json.loads(attrs[key]))
+    study._storage.set_study_system_attr(
+        study._study_id, key, damaged if isinstance(damaged, str) else json.dumps(damaged)
+    )
+    fresh = CheckpointManager(study=study, artifact_store=store)
+    with pytest.warns(InvalidCheckpointWarning, match=infos[2].checkpoint_id):
+        ckpt = fresh.load_latest()
+    assert ckpt is not None and ckpt.info.checkpoint_id == infos[1].checkpoint_id
+    _assert_state(ckpt.state(), states[1])
+    with pytest.warns(InvalidCheckpointWarning):
+        assert [i.checkpoint_id for i in fresh.list_checkpoints()] == [
+            i.checkpoint_id for i in infos[:2]
+        ]
+
+
 def test_damage_in_a_chain_invalidates_descendants_only(sqlite_url: str) -> None:
     """A flipped byte in the middle of a chain: its descendants fail, its ancestors load."""
     study, store, manager = _setup(sqlite_url, full_every=10)

@@ -1,0 +1,298 @@
+"""Runner-level leases: stale-trial recovery on storages without Optuna heartbeats.
+
+Optuna fails a dead worker's trial only on RDB storages, and only once that trial has a
+heartbeat record. On a journal file, a Redis journal or the gRPC proxy nothing ever fails it: a
+worker killed mid-trial leaves it RUNNING for good, and every resume counts it as taken.
+
+The runner closes that gap itself. Each trial it starts runs inside a :class:`TrialLease`,
+which writes ``hpcnas:storages:lease`` (the time until which the trial is known alive) into
+the trial's system attributes at once on entry, before any work, and renews it every
+``interval`` seconds from a background thread. :func:`recover_expired_trials`, called by every
+worker before it asks for a trial (and by ``hpcnas resume``), fails each RUNNING trial whose
+lease has expired, or that has neither a lease nor a heartbeat record and started more than
+``grace_period`` ago (killed between the ask and the lease), and queues a WAITING copy exactly
+as :class:`optuna.storages.RetryHeartbeatStaleTrialCallback` does, so
+``RetryHeartbeatStaleTrialCallback.retried_trial_number`` and ``max_retry`` work unchanged.
+
+Several workers may sweep at once: the storage's own state transition decides which one
+re-queues a trial (``set_trial_state_values`` raises ``UpdateFinishedTrialError`` for every
+other), so a trial is re-queued once. Expiry times are wall-clock seconds: the hosts of one
+study need synchronised clocks (NTP), as Optuna's heartbeats assume too.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime
+import logging
+import threading
+import time
+from typing import Any
+from typing import TYPE_CHECKING
+import warnings
+
+from optuna_hpcnas import _keys
+
+if TYPE_CHECKING:
+    import optuna
+
+_logger = logging.getLogger(__name__)
+
+
+def _check_seconds(name: str, value: object, *, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"`{name}` is {value!r}, but must be a number of seconds.")
+    if not value > 0:
+        raise ValueError(f"`{name}` is {value}, but must be > 0.")
+
+
+class TrialLease:
+    """Keep a running trial's lease fresh, so a dead worker's trial can be recovered.
+
+    Entering records the lease at once (an error there propagates: a trial whose lease cannot
+    be written would not be recoverable); a daemon thread then renews it every ``interval``
+    seconds until the block exits. Renewal stops by itself once the trial is finished (also
+    when another worker failed it for an expired lease). A renewal that fails for another
+    reason (a storage hiccup) is logged and retried at the next interval.
+
+    Args:
+        trial: The running trial (from ``study.ask()``).
+        interval: Seconds between renewals.
+        grace_period: Seconds a lease stays valid after each renewal (default
+            ``2 * interval``, as Optuna's heartbeat grace period). Must exceed ``interval``.
+
+    Example:
+        .. code-block:: python
+
+            recover_expired_trials(study, grace_period=60, max_retry=3)
+            trial = study.ask()
+            with TrialLease(trial, interval=30):
+                value = objective(trial)
+            study.tell(trial, value)
+    """
+
+    def __init__(
+        self,
+        trial: optuna.trial.Trial,
+        *,
+        interval: float = 30.0,
+        grace_period: float | None = None,
+    ) -> None:
+        import optuna
+
+        if not isinstance(trial, optuna.trial.Trial):
+            raise TypeError(f"`trial` is {trial!r}, but must be an optuna.trial.Trial.")
+        _check_seconds("interval", interval)
+        _check_seconds("grace_period", grace_period, allow_none=True)
+        if grace_period is None:
+            grace_period = 2.0 * interval
+        if grace_period <= interval:
+            raise ValueError(
+                f"`grace_period` is {grace_period}, but must exceed `interval` ({interval}): "
+                "a lease would expire between two renewals."
+            )
+        self._storage = trial.study._storage
+        self._trial_id = trial._trial_id
+        self._number = trial.number
+        self._interval = float(interval)
+        self._grace_period = float(grace_period)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def trial_number(self) -> int:
+        return self._number
+
+    def renew(self) -> bool:
+        """Write a fresh lease now; ``False`` once the trial is finished (nothing to renew)."""
+        import optuna
+
+        lease = {"number": self._number, "expires": time.time() + self._grace_period}
+        try:
+            self._storage.set_trial_system_attr(self._trial_id, _keys.STORAGES_LEASE, lease)
+        except optuna.exceptions.UpdateFinishedTrialError:
+            return False
+        return True
+
+    def __enter__(self) -> TrialLease:
+        if self._thread is not None:
+            raise RuntimeError(f"The lease of trial {self._number} is already held.")
+        self.renew()
+        self._stop.clear()
+        self._thread = threading.Thread(
+            target=self._run, name=f"hpcnas-lease-{self._number}", daemon=True
+        )
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            # A renewal in flight finishes within one storage round trip.
+            self._thread.join(timeout=self._interval + 10.0)
+            self._thread = None
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval):
+            try:
+                if not self.renew():
+                    _logger.debug(
+                        "Trial %d finished; its lease is no longer renewed.", self._number
+                    )
+                    return
+            except Exception as e:
+                _logger.warning(
+                    "Could not renew the lease of trial %d (%s: %s); retrying in %.0f s.",
+                    self._number,
+                    type(e).__name__,
+                    e,
+                    self._interval,
+                )
+
+
+def lease_expiry(trial: optuna.trial.FrozenTrial) -> float | None:
+    """When ``trial``'s own lease expires (epoch seconds), or ``None`` if it has none.
+
+    A lease inherited by a retry (Optuna's retry callback copies system attributes) names
+    another trial number and does not count.
+    """
+    lease = trial.system_attrs.get(_keys.STORAGES_LEASE)
+    if not isinstance(lease, dict) or lease.get("number") != trial.number:
+        return None
+    expires = lease.get("expires")
+    if isinstance(expires, bool) or not isinstance(expires, int | float):
+        return None
+    return float(expires)
+
+
+def _trials_with_heartbeat(storage: optuna.storages.BaseStorage, trial_ids: list[int]) -> set[int]:
+    """Ids among ``trial_ids`` with an Optuna heartbeat record (left to Optuna's own sweep)."""
+    from optuna.storages import RDBStorage
+    from optuna.storages._rdb import models
+
+    from optuna_hpcnas.storages._open import supports_heartbeat
+
+    if not trial_ids or not supports_heartbeat(storage):
+        return set()
+    backend = getattr(storage, "_backend", storage)  # Optuna's _CachedStorage wraps RDBStorage
+    if not isinstance(backend, RDBStorage):
+        return set()
+    # Optuna has no public "has this trial a heartbeat" query; its model is the one source.
+    session = backend.scoped_session()
+    try:
+        rows = (
+            session.query(models.TrialHeartbeatModel.trial_id)
+            .filter(models.TrialHeartbeatModel.trial_id.in_(trial_ids))
+            .all()
+        )
+    finally:
+        session.close()
+    return {int(row[0]) for row in rows}
+
+
+def _expired_reason(
+    trial: optuna.trial.FrozenTrial, has_heartbeat: bool, grace_period: float, now: float
+) -> str | None:
+    expires = lease_expiry(trial)
+    if expires is not None:
+        if expires >= now:
+            return None
+        return f"lease expired {now - expires:.1f} s ago"
+    if has_heartbeat:
+        return None
+    start = trial.datetime_start
+    # Optuna stores naive local start times on every backend.
+    age = (
+        float("inf")
+        if start is None
+        else (datetime.datetime.fromtimestamp(now) - start).total_seconds()
+    )
+    if age <= grace_period:
+        return None
+    return f"no lease and no heartbeat {age:.1f} s after it started"
+
+
+def recover_expired_trials(
+    study: optuna.Study,
+    *,
+    grace_period: float,
+    max_retry: int | None = None,
+) -> list[int]:
+    """FAIL the RUNNING trials of dead workers and queue their retries; returns their numbers.
+
+    A trial is dead when its :class:`TrialLease` expired, or when it has neither a lease nor an
+    Optuna heartbeat record and started more than ``grace_period`` seconds ago (its worker died
+    between the ask and the lease). Trials with a heartbeat record are left to Optuna's own
+    heartbeat sweep. Each dead trial is failed, and a WAITING copy (same parameters,
+    distributions, user attributes and system attributes, fixed parameters included, lease
+    removed) is added as :class:`optuna.storages.RetryHeartbeatStaleTrialCallback` would, unless
+    ``max_retry`` retries of it were already made. Safe to call from many workers at once: a
+    trial is failed and re-queued by one of them only.
+
+    Args:
+        study: The study to sweep.
+        grace_period: Seconds after its start a trial without lease or heartbeat is left alone
+            (at least the time from an ask to its lease; the lease grace period is fine).
+        max_retry: Retries per original trial (``None``: unlimited, as Optuna's default).
+
+    Example:
+        .. code-block:: python
+
+            # Before each ask of every worker, and once in `hpcnas resume`:
+            for number in recover_expired_trials(study, grace_period=60, max_retry=3):
+                print(f"trial {number} of a dead worker was queued again")
+    """
+    import optuna
+    from optuna.exceptions import ExperimentalWarning
+    from optuna.storages import RetryHeartbeatStaleTrialCallback
+    from optuna.trial import TrialState
+
+    if not isinstance(study, optuna.Study):
+        raise TypeError(f"`study` is {study!r}, but must be an optuna.Study.")
+    _check_seconds("grace_period", grace_period)
+    if max_retry is not None and (isinstance(max_retry, bool) or not isinstance(max_retry, int)):
+        raise TypeError(f"`max_retry` is {max_retry!r}, but must be an int or None.")
+    if max_retry is not None and max_retry < 0:
+        raise ValueError(f"`max_retry` is {max_retry}, but must be >= 0.")
+    storage = study._storage
+    running = storage.get_all_trials(study._study_id, deepcopy=False, states=(TrialState.RUNNING,))
+    with_heartbeat = _trials_with_heartbeat(storage, [t._trial_id for t in running])
+    now = time.time()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ExperimentalWarning)
+        retry = RetryHeartbeatStaleTrialCallback(max_retry=max_retry)
+    recovered: list[int] = []
+    for trial in running:
+        reason = _expired_reason(trial, trial._trial_id in with_heartbeat, grace_period, now)
+        if reason is None:
+            continue
+        try:
+            storage.set_trial_system_attr(trial._trial_id, _keys.STORAGES_RECOVERED, reason)
+            # The arbiter between concurrent sweeps: only one transition RUNNING -> FAIL wins.
+            if not storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL):
+                continue
+        except optuna.exceptions.UpdateFinishedTrialError:
+            continue
+        failed = copy.deepcopy(storage.get_trial(trial._trial_id))
+        failed.system_attrs = _retry_attrs(failed.system_attrs)
+        n_before = len(failed.system_attrs.get("retry_history", ()))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ExperimentalWarning)
+            retry(study, failed)
+        queued = max_retry is None or n_before < max_retry
+        _logger.warning(
+            "Trial %d of a dead worker failed (%s); %s.",
+            trial.number,
+            reason,
+            "queued for retry" if queued else f"not retried (max_retry={max_retry} reached)",
+        )
+        recovered.append(trial.number)
+    return recovered
+
+
+def _retry_attrs(system_attrs: dict[str, Any]) -> dict[str, Any]:
+    """System attributes a retry inherits: all but this trial's lease and recovery reason."""
+    dropped = (_keys.STORAGES_LEASE, _keys.STORAGES_RECOVERED)
+    return {k: v for k, v in system_attrs.items() if k not in dropped}

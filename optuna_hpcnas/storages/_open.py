@@ -1,0 +1,480 @@
+"""Open any Optuna storage from the one string a user types, spelled as optuna-dashboard spells it.
+
+This is the first thing ``hpcnas run`` / ``status`` / ``best`` / ``export`` / ``dashboard`` do
+with ``--storage`` (or ``OPTUNA_STORAGE``, or the config): the string picks the backend,
+
+- an RDB URL (``sqlite:///nas.db``, ``postgresql+psycopg://...``, ``mysql+pymysql://...``)
+  opens :class:`optuna.storages.RDBStorage`, with heartbeats when asked;
+- ``redis://host:6379/0`` opens :class:`optuna.storages.JournalStorage` on
+  :class:`optuna.storages.journal.JournalRedisBackend`;
+- ``grpc://host:port`` opens :class:`optuna.storages.GrpcStorageProxy` (a server started by
+  ``hpcnas storage-proxy``);
+- anything else is a path to an Optuna journal file (created when missing), opened with
+  :class:`optuna.storages.journal.JournalFileBackend` and Optuna's symlink file lock,
+
+and every failure a user can cause (server down, a directory, a file of the wrong kind, an
+unknown scheme, a missing extra) becomes one :class:`StorageError` line naming the URL with its
+password masked. Optuna itself is imported only here, when a storage is opened.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+import contextlib
+import json
+import logging
+import os
+from typing import Any
+from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
+import warnings
+
+from optuna_hpcnas._cli_util import mask_url
+
+if TYPE_CHECKING:
+    import optuna
+
+    from optuna_hpcnas.checkpoints import CheckpointConfig
+
+_logger = logging.getLogger(__name__)
+
+# The first 16 bytes of every SQLite 3 database (optuna-dashboard checks the same header).
+_SQLITE_HEADER = b"SQLite format 3\x00"
+# A journal's first line is its first operation (create a study): small. Reading more than
+# this without a newline means the file is not a journal.
+_JOURNAL_PROBE_BYTES = 1 << 16
+# Connection waits when opening a server storage, so a stopped server is reported, not waited
+# for forever (gRPC's channel would).
+_CONNECT_TIMEOUT_S = 10.0
+
+_KIND_NAMES = {
+    "sqlite": "SQLite",
+    "postgresql": "PostgreSQL",
+    "mysql": "MySQL/MariaDB",
+    "rdb": "RDB",
+    "journal-redis": "Redis journal",
+    "journal-file": "journal file",
+    "grpc": "gRPC storage proxy",
+}
+# Drivers SQLAlchemy loads for each dialect, and the extra of this package that installs them.
+_DRIVER_EXTRAS = {"postgresql": "postgres", "mysql": "mysql", "mariadb": "mysql"}
+
+
+class StorageError(RuntimeError):
+    """A storage URL cannot be opened; the message names the (masked) URL and the problem."""
+
+
+def storage_kind(url: str) -> str:
+    """The backend a storage string selects, from its spelling alone (nothing is opened).
+
+    One of ``"sqlite"``, ``"postgresql"``, ``"mysql"`` (MariaDB included), ``"rdb"`` (another
+    SQLAlchemy dialect), ``"journal-redis"``, ``"grpc"`` and ``"journal-file"``.
+
+    Example:
+        >>> storage_kind("postgresql+psycopg://nas:pw@db/optuna")
+        'postgresql'
+        >>> storage_kind("runs/nas.journal")
+        'journal-file'
+    """
+    if not isinstance(url, str):
+        raise TypeError(f"`url` is {url!r}, but must be a string.")
+    if not url.strip():
+        raise ValueError("`url` is empty, but must name a storage.")
+    # optuna-dashboard's order: Redis by prefix first, then URLs, then files.
+    if url.startswith("redis"):
+        return "journal-redis"
+    scheme, sep, _ = url.partition("://")
+    if not sep:
+        return "journal-file"
+    dialect = scheme.split("+", 1)[0].lower()
+    if dialect == "grpc":
+        return "grpc"
+    if dialect == "sqlite":
+        return "sqlite"
+    if dialect in ("postgresql", "postgres"):
+        return "postgresql"
+    if dialect in ("mysql", "mariadb"):
+        return "mysql"
+    return "rdb"
+
+
+def describe_storage(url: str) -> str:
+    """Kind and masked URL, for logs: ``"PostgreSQL postgresql+psycopg://nas:***@db/optuna"``."""
+    return f"{_KIND_NAMES[storage_kind(url)]} {mask_url(url)}"
+
+
+def supports_heartbeat(storage: optuna.storages.BaseStorage) -> bool:
+    """Whether ``storage`` records Optuna heartbeats for running trials.
+
+    True for an RDB storage opened with a ``heartbeat_interval`` (Optuna then fails trials whose
+    heartbeat stops and its retry callback re-queues them). Journal storages and the gRPC proxy
+    have no heartbeats: run their trials under a :class:`TrialLease` and call
+    :func:`recover_expired_trials` instead.
+    """
+    from optuna.storages._heartbeat import BaseHeartbeat
+    from optuna.storages._heartbeat import is_heartbeat_enabled
+
+    # study._storage wraps an RDBStorage in Optuna's _CachedStorage, which forwards heartbeats.
+    return isinstance(storage, BaseHeartbeat) and is_heartbeat_enabled(storage)
+
+
+def open_storage(
+    url: str,
+    *,
+    heartbeat_interval: int | None = None,
+    grace_period: int | None = None,
+    max_retry: int | None = None,
+    connect_timeout: float = _CONNECT_TIMEOUT_S,
+) -> optuna.storages.BaseStorage:
+    """Open the storage a URL or path names (see the module docstring for the spellings).
+
+    Args:
+        url: RDB URL, ``redis://...``, ``grpc://host:port`` or a journal file path.
+        heartbeat_interval: Seconds between heartbeats of a running trial. RDB storages record
+            them (and re-queue dead workers' trials through
+            :class:`optuna.storages.RetryHeartbeatStaleTrialCallback`); other storages have no
+            heartbeats, so the value is not used there (:func:`supports_heartbeat` is False:
+            use :class:`TrialLease`).
+        grace_period: Seconds without heartbeat before a trial is failed (default twice the
+            interval). Only with ``heartbeat_interval``.
+        max_retry: How often such a trial is re-queued (``None``: Optuna's default, without
+            limit). Only with ``heartbeat_interval``.
+        connect_timeout: Seconds to wait for a Redis server or a gRPC proxy to answer.
+
+    Raises:
+        StorageError: The storage cannot be opened (the message says why, password masked).
+
+    Example:
+        .. code-block:: python
+
+            storage = open_storage("sqlite:///nas.db", heartbeat_interval=30, max_retry=3)
+            study = optuna.create_study(storage=storage, study_name="nas", load_if_exists=True)
+    """
+    kind = storage_kind(url)
+    for name, value in (
+        ("heartbeat_interval", heartbeat_interval),
+        ("grace_period", grace_period),
+        ("max_retry", max_retry),
+    ):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise TypeError(f"`{name}` is {value!r}, but must be an int or None.")
+    if heartbeat_interval is None and (grace_period is not None or max_retry is not None):
+        raise ValueError(
+            f"`grace_period` is {grace_period!r} and `max_retry` is {max_retry!r}, but they "
+            "need a `heartbeat_interval`."
+        )
+    if isinstance(connect_timeout, bool) or not isinstance(connect_timeout, int | float):
+        raise TypeError(f"`connect_timeout` is {connect_timeout!r}, but must be a number.")
+    if not connect_timeout > 0:
+        raise ValueError(f"`connect_timeout` is {connect_timeout}, but must be > 0.")
+    if heartbeat_interval is not None:
+        # Validated before anything touches a file or a server.
+        _heartbeat_config(url, heartbeat_interval, grace_period, max_retry)
+    if kind == "journal-redis":
+        return _open_redis(url, float(connect_timeout))
+    if kind == "grpc":
+        return _open_grpc(url, float(connect_timeout))
+    if kind == "journal-file":
+        return _open_journal_file(url)
+    return _open_rdb(url, kind, heartbeat_interval, grace_period, max_retry)
+
+
+def _error(url: str, problem: str) -> StorageError:
+    # One line: server errors carry multi-line SQL and driver details.
+    first = " ".join(str(problem).split("\n", 1)[0].split())
+    return StorageError(f"Cannot open storage {mask_url(url)}: {mask_url(first)}")
+
+
+def _missing_extra(url: str, module: str, extra: str) -> StorageError:
+    return _error(url, f"Python package {module!r} is missing; install optuna-hpcnas[{extra}]")
+
+
+# ------------------------------------------------------------------ RDB
+
+
+def _open_rdb(
+    url: str,
+    kind: str,
+    heartbeat_interval: int | None,
+    grace_period: int | None,
+    max_retry: int | None,
+) -> optuna.storages.BaseStorage:
+    import sqlalchemy.exc
+
+    try:
+        parsed = sqlalchemy.engine.make_url(url)
+    except sqlalchemy.exc.ArgumentError as e:
+        raise _error(url, f"not a storage URL ({e})") from None
+    sqlite_path = _sqlite_path(url, parsed.database) if kind == "sqlite" else None
+    lock = _sqlite_schema_lock(sqlite_path) if sqlite_path else contextlib.nullcontext()
+    try:
+        with lock:
+            return _rdb_storage(url, kind, heartbeat_interval, grace_period, max_retry)
+    except StorageError:
+        raise
+    except sqlalchemy.exc.NoSuchModuleError:
+        raise _error(
+            url,
+            f"unknown scheme {parsed.drivername!r} (use an RDB URL, redis://..., "
+            "grpc://host:port or a journal file path)",
+        ) from None
+    except ModuleNotFoundError as e:
+        dialect = parsed.get_backend_name()
+        extra = _DRIVER_EXTRAS.get(dialect)
+        if extra is None:
+            raise _error(url, f"Python package {e.name!r} is missing") from None
+        raise _missing_extra(url, str(e.name), extra) from None
+    except sqlalchemy.exc.DatabaseError as e:
+        orig = getattr(e, "orig", None) or e
+        if sqlite_path is not None:
+            if "not a database" in str(orig):
+                raise _error(url, f"{sqlite_path} is not a SQLite database ({orig})") from None
+            raise _error(url, f"SQLite error on {sqlite_path}: {orig}") from None
+        raise _error(url, f"server not reachable or refused the connection: {orig}") from None
+    except sqlalchemy.exc.SQLAlchemyError as e:
+        raise _error(url, f"{type(e).__name__}: {e}") from None
+    except RuntimeError as e:
+        # Optuna refuses a schema of another version with a RuntimeError naming the upgrade.
+        raise _error(url, str(e)) from None
+
+
+def _rdb_storage(
+    url: str,
+    kind: str,
+    heartbeat_interval: int | None,
+    grace_period: int | None,
+    max_retry: int | None,
+) -> optuna.storages.RDBStorage:
+    storage = _rdb_storage_unchecked(url, kind, heartbeat_interval, grace_period, max_retry)
+    if kind == "sqlite":
+        _serialise_sqlite_transactions(storage.engine)
+    return storage
+
+
+def _serialise_sqlite_transactions(engine: Any) -> None:
+    """Make every transaction on a SQLite engine take the write lock when it begins.
+
+    Python's sqlite3 driver starts a transaction only at the first write, so Optuna's
+    read-check-write updates (``RUNNING -> FAIL`` only if still running, ``WAITING ->
+    RUNNING`` only if still waiting) are not atomic on SQLite: two processes, or two threads
+    of a gRPC proxy, both succeed, and a trial is retried or run twice. ``BEGIN IMMEDIATE``
+    (SQLAlchemy's documented recipe for pysqlite transactions) makes the check and the write
+    one transaction, as ``SELECT ... FOR UPDATE`` does on PostgreSQL and MySQL.
+    """
+    import sqlalchemy
+
+    def on_connect(dbapi_connection: Any, connection_record: Any) -> None:
+        # Hand transaction control to SQLAlchemy's "begin" event below.
+        dbapi_connection.isolation_level = None
+
+    def on_begin(connection: Any) -> None:
+        connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+    sqlalchemy.event.listen(engine, "connect", on_connect)
+    sqlalchemy.event.listen(engine, "begin", on_begin)
+    # Connections pooled while Optuna created the schema predate the hooks.
+    engine.dispose()
+
+
+def _rdb_storage_unchecked(
+    url: str,
+    kind: str,
+    heartbeat_interval: int | None,
+    grace_period: int | None,
+    max_retry: int | None,
+) -> optuna.storages.RDBStorage:
+    import optuna
+
+    if heartbeat_interval is not None:
+        from optuna_hpcnas.checkpoints import heartbeat_storage
+
+        config = _heartbeat_config(url, heartbeat_interval, grace_period, max_retry)
+        return heartbeat_storage(url, config)
+    engine_kwargs: dict[str, Any] = {}
+    if kind == "sqlite":
+        # As heartbeat_storage: checkpoint blobs share the file, so writers queue, not fail.
+        engine_kwargs["connect_args"] = {"timeout": 60}
+    return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
+
+
+def _heartbeat_config(
+    url: str, heartbeat_interval: int, grace_period: int | None, max_retry: int | None
+) -> CheckpointConfig:
+    from optuna_hpcnas.checkpoints import CheckpointConfig
+
+    try:
+        return CheckpointConfig(
+            heartbeat_interval=heartbeat_interval, grace_period=grace_period, max_retry=max_retry
+        )
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"Heartbeat settings for {mask_url(url)}: {e}") from None
+
+
+def _sqlite_path(url: str, database: str | None) -> str | None:
+    """The file of a SQLite URL, checked; ``None`` for in-memory databases."""
+    if not database or database == ":memory:" or database.startswith("file:"):
+        return None
+    path = os.path.abspath(database)
+    if os.path.isdir(path):
+        raise _error(url, f"{path} is a directory, not a SQLite database file")
+    parent = os.path.dirname(path)
+    if not os.path.isdir(parent):
+        raise _error(url, f"directory {parent} does not exist")
+    if os.path.isfile(path) and os.path.getsize(path) > 0:
+        with open(path, "rb") as f:
+            header = f.read(len(_SQLITE_HEADER))
+        if header != _SQLITE_HEADER:
+            hint = (
+                " (an Optuna journal: pass its path without sqlite:///)"
+                if _looks_like_journal(path)
+                else ""
+            )
+            raise _error(url, f"{path} is not a SQLite database{hint}")
+    return path
+
+
+@contextlib.contextmanager
+def _sqlite_schema_lock(path: str) -> Iterator[None]:
+    """Serialise Optuna's schema creation on one SQLite file across processes.
+
+    Two processes creating the tables of a new file at once make the loser fail with
+    ``UNIQUE constraint failed: alembic_version``. An exclusive ``flock`` on the database file
+    itself (created empty first, which SQLite takes as a new database) makes the second wait
+    until the first has finished, and leaves no lock file behind. ``flock`` locks do not
+    interact with the POSIX byte-range locks SQLite itself uses (on local file systems; SQLite
+    on NFS is unsafe anyway).
+    """
+    try:
+        import fcntl
+    except ImportError:  # Windows: no flock; SQLite there is single-user anyway.
+        yield
+        return
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
+# ------------------------------------------------------------------ journal file
+
+
+def _looks_like_journal(path: str) -> bool:
+    """Whether a non-empty file starts like an Optuna journal (one JSON operation a line)."""
+    with open(path, "rb") as f:
+        head = f.read(_JOURNAL_PROBE_BYTES)
+    line = head.split(b"\n", 1)[0]
+    try:
+        first = json.loads(line)
+    except ValueError:
+        return False
+    return isinstance(first, dict) and "op_code" in first and "worker_id" in first
+
+
+def _open_journal_file(url: str) -> optuna.storages.BaseStorage:
+    import optuna
+    from optuna.storages.journal import JournalFileBackend
+    from optuna.storages.journal import JournalFileSymlinkLock
+
+    path = os.path.abspath(url)
+    if os.path.isdir(path):
+        raise _error(url, f"{path} is a directory, not a journal file")
+    if not os.path.isdir(os.path.dirname(path)):
+        raise _error(url, f"directory {os.path.dirname(path)} does not exist")
+    if os.path.isfile(path) and os.path.getsize(path) > 0:
+        with open(path, "rb") as f:
+            is_sqlite = f.read(len(_SQLITE_HEADER)) == _SQLITE_HEADER
+        if is_sqlite:
+            # optuna-dashboard refuses the bare path of a SQLite file the same way.
+            raise _error(url, f"{path} is a SQLite database: use sqlite:///{url}")
+        if not _looks_like_journal(path):
+            raise _error(url, f"{path} is neither a SQLite database nor an Optuna journal")
+    try:
+        with warnings.catch_warnings():
+            # JournalFileBackend is stable, but some Optuna versions still flag it.
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            backend = JournalFileBackend(path, lock_obj=JournalFileSymlinkLock(path))
+            return optuna.storages.JournalStorage(backend)
+    except OSError as e:
+        raise _error(url, f"{type(e).__name__}: {e}") from None
+    except ValueError as e:
+        # A journal whose lines do not replay (damaged or of another version).
+        raise _error(url, f"the journal does not replay: {e}") from None
+
+
+# ------------------------------------------------------------------ Redis journal
+
+
+def _open_redis(url: str, timeout: float) -> optuna.storages.BaseStorage:
+    try:
+        import redis
+    except ImportError:
+        raise _missing_extra(url, "redis", "redis") from None
+    import optuna
+    from optuna.storages.journal import JournalRedisBackend
+
+    try:
+        # The journal's own client waits indefinitely; probe first so a stopped server is an
+        # error now, not a hang in the first ask.
+        probe = redis.Redis.from_url(url, socket_connect_timeout=timeout, socket_timeout=timeout)
+        try:
+            probe.ping()
+        finally:
+            probe.close()
+    except (ValueError, TypeError) as e:
+        raise _error(url, f"not a Redis URL ({e})") from None
+    except redis.exceptions.RedisError as e:
+        raise _error(url, f"Redis server not reachable: {e}") from None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        return optuna.storages.JournalStorage(JournalRedisBackend(url))
+
+
+# ------------------------------------------------------------------ gRPC proxy
+
+
+def parse_grpc_url(url: str) -> tuple[str, int]:
+    """``(host, port)`` of ``grpc://host:port``; ``ValueError`` naming what is wrong."""
+    parts = urlsplit(url)
+    if parts.scheme != "grpc":
+        raise ValueError(f"{mask_url(url)} does not start with grpc://")
+    if parts.path not in ("", "/") or parts.query or parts.fragment:
+        raise ValueError(f"{mask_url(url)} must be grpc://host:port (nothing after the port)")
+    try:
+        port = parts.port
+    except ValueError:
+        raise ValueError(f"{mask_url(url)} has a port that is not a number in 1-65535") from None
+    if not parts.hostname or port is None or port == 0:
+        raise ValueError(f"{mask_url(url)} must be grpc://host:port (host and port required)")
+    return parts.hostname, port
+
+
+def _open_grpc(url: str, timeout: float) -> optuna.storages.BaseStorage:
+    try:
+        host, port = parse_grpc_url(url)
+    except ValueError as e:
+        raise _error(url, str(e)) from None
+    try:
+        import grpc  # noqa: F401
+    except ImportError:
+        raise _missing_extra(url, "grpcio", "grpc") from None
+    import optuna
+    from optuna.storages import GrpcStorageProxy
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        proxy = GrpcStorageProxy(host=host, port=port)
+    try:
+        proxy.wait_server_ready(timeout=timeout)
+    except ConnectionError:
+        proxy.close()
+        raise _error(
+            url,
+            f"no gRPC storage proxy answers at {host}:{port} within {timeout:g} s "
+            "(start one with `hpcnas storage-proxy --storage URL`)",
+        ) from None
+    return proxy
