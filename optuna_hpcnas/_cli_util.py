@@ -139,6 +139,7 @@ class ProgressReporter:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._seen: set[int] | None = None
+        self._opened: Any = None  # the storage object, for storages that are not RDB URLs
         self._bar: Any = None
         # Optuna stores naive local datetimes.
         self._started = datetime.datetime.now()
@@ -156,6 +157,10 @@ class ProgressReporter:
             self._bar.close()
 
     def _study_created(self) -> bool:
+        from optuna_hpcnas.storages import storage_kind
+
+        if storage_kind(self._storage) in ("journal-file", "journal-redis", "grpc"):
+            return self._journal_study_created()
         # Read-only look first: opening an RDBStorage creates the schema, which would race
         # with the runner creating it.
         import sqlalchemy
@@ -173,6 +178,16 @@ class ProgressReporter:
         finally:
             engine.dispose()
 
+    def _journal_study_created(self) -> bool:
+        import optuna
+
+        from optuna_hpcnas.storages import open_storage
+
+        if self._opened is None:
+            self._opened = open_storage(self._storage)
+        names = [s.study_name for s in optuna.get_all_study_summaries(storage=self._opened)]
+        return self._study_name in names
+
     def _loop(self) -> None:
         import optuna
 
@@ -181,7 +196,8 @@ class ProgressReporter:
             stopping = self._stop.is_set()
             try:
                 if study is None and self._study_created():
-                    study = optuna.load_study(study_name=self._study_name, storage=self._storage)
+                    storage = self._opened if self._opened is not None else self._storage
+                    study = optuna.load_study(study_name=self._study_name, storage=storage)
                 if study is not None:
                     self.poll(study)
             except Exception as e:  # keep the search alive whatever the display does

@@ -207,13 +207,15 @@ def _load_weights(study: optuna.Study, net: Any, weights: str | Path | None) -> 
 
 def _load_checkpoint(study: optuna.Study, net: Any) -> bool:
     """Load the newest valid ``supernet`` checkpoint of the study into ``net``, if any."""
+    from optuna_hpcnas.storages import artifact_store_for
+    from optuna_hpcnas.storages import StorageError
+
     try:
         from optuna_hpcnas.checkpoints import CheckpointManager
-        from optuna_hpcnas.checkpoints import RDBArtifactStore
 
-        store = RDBArtifactStore(study._storage)  # type: ignore[arg-type]
-    except (ImportError, TypeError):
-        return False  # not an RDB storage, or the checkpoint component is not installed
+        store = artifact_store_for(study._storage, artifact_store=None)
+    except (ImportError, TypeError, StorageError):
+        return False  # no checkpoint store on this storage, or the component is missing
     latest = CheckpointManager(study=study, artifact_store=store).load_latest()
     if latest is None:
         return False

@@ -142,9 +142,16 @@ def sqlite_path(url: str | None) -> str | None:
 
 def has_heartbeat(storage: Any) -> bool:
     """Whether ``storage`` (an Optuna storage object, or a URL string) sends heartbeats."""
+    from optuna.storages import BaseStorage
+    from optuna.storages._heartbeat import BaseHeartbeat
     from optuna.storages._heartbeat import is_heartbeat_enabled
 
-    return not isinstance(storage, str) and is_heartbeat_enabled(storage)
+    # study._storage wraps an RDBStorage in Optuna's _CachedStorage, which forwards heartbeats.
+    return (
+        isinstance(storage, BaseStorage)
+        and isinstance(storage, BaseHeartbeat)
+        and is_heartbeat_enabled(storage)
+    )
 
 
 @contextlib.contextmanager

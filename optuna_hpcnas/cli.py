@@ -67,10 +67,15 @@ def resolve_storage(args: argparse.Namespace) -> tuple[str, str | None]:
     return str(storage), name
 
 
-def check_storage(url: str, *, must_exist: bool) -> None:
-    """Refuse a storage that cannot be a study's: a missing SQLite file (when reading), a
-    directory, a file that is not a database, an unreachable server. One line, no files."""
+def check_storage(url: str, *, must_exist: bool) -> Any:
+    """Open the storage of ``url`` (every Optuna storage, as optuna-dashboard spells them:
+    RDB URLs, a journal file path, ``redis://``, ``grpc://``), or refuse one that cannot be a
+    study's: a missing file (when reading), a directory, a file that is not a database or a
+    journal, an unreachable server. One line, and no file is created."""
     from optuna_hpcnas._records import sqlite_path
+    from optuna_hpcnas.storages import open_storage
+    from optuna_hpcnas.storages import storage_kind
+    from optuna_hpcnas.storages import StorageError
 
     path = sqlite_path(url)
     if path is not None:
@@ -83,19 +88,12 @@ def check_storage(url: str, *, must_exist: bool) -> None:
             raise CLIError(f"storage {url}: the directory of {path!r} does not exist")
         if file.exists() and file.stat().st_size and not _is_sqlite_file(file):
             raise CLIError(f"storage {url}: {path!r} is not a SQLite database")
-        return
-    import sqlalchemy
-
+    elif must_exist and storage_kind(url) == "journal-file" and not Path(url).exists():
+        raise CLIError(f"storage {url}: no such journal file")
     try:
-        engine = sqlalchemy.create_engine(url)
-        with engine.connect():
-            pass
-        engine.dispose()
-    except Exception as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        raise CLIError(
-            f"cannot open storage {mask_url(url)}: {type(e).__name__}: {first}"
-        ) from None
+        return open_storage(url)
+    except StorageError as e:
+        raise CLIError(str(e)) from None
 
 
 def _is_sqlite_file(file: Path) -> bool:
@@ -106,27 +104,23 @@ def _is_sqlite_file(file: Path) -> bool:
 def load_study(args: argparse.Namespace) -> optuna.Study:
     import optuna
 
-    storage, name = resolve_storage(args)
-    check_storage(storage, must_exist=True)
+    url, name = resolve_storage(args)
+    storage = check_storage(url, must_exist=True)
     try:
         summaries = optuna.study.get_all_study_summaries(storage=storage)
     except Exception as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        raise CLIError(
-            f"cannot open storage {mask_url(storage)}: {type(e).__name__}: {first}"
-        ) from e
+        raise CLIError(f"cannot open storage {mask_url(url)}: {type(e).__name__}: {first}") from e
     names = [s.study_name for s in summaries]
     if name is None:
         if len(names) != 1:
             raise CLIError(
-                f"storage {mask_url(storage)} holds {len(names)} studies {names}: "
+                f"storage {mask_url(url)} holds {len(names)} studies {names}: "
                 "choose one with --study-name"
             )
         name = names[0]
     elif name not in names:
-        raise CLIError(
-            f"no study {name!r} in {mask_url(storage)}; studies there: {names or 'none'}"
-        )
+        raise CLIError(f"no study {name!r} in {mask_url(url)}; studies there: {names or 'none'}")
     return optuna.load_study(study_name=name, storage=storage)
 
 
@@ -421,44 +415,89 @@ def _cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
-# ---------------------------------------------------------------------------- dashboard
-def _artifact_store(args: argparse.Namespace, storage: str) -> Any | None:
-    if args.artifact_dir:
-        from optuna.artifacts import FileSystemArtifactStore
+# ---------------------------------------------------------------------------- deploy / serve
+def _cmd_deploy(args: argparse.Namespace) -> int:
+    from optuna_hpcnas.deploy import DeploymentRefused
+    from optuna_hpcnas.deploy._from_study import choose_trial
+    from optuna_hpcnas.deploy._from_study import deploy_trial
+    from optuna_hpcnas.deploy._from_study import parse_limits
+    from optuna_hpcnas.run import configure_threads
 
-        Path(args.artifact_dir).mkdir(parents=True, exist_ok=True)
-        return FileSystemArtifactStore(args.artifact_dir)
+    configure_threads(requested=None, ranks_on_node=1)  # imports torch
+    if args.verbose < 2:
+        _quiet_exporter_logs()
+    study = load_study(args)
     try:
-        from optuna_hpcnas.checkpoints import RDBArtifactStore
-    except ImportError:
-        return None
+        trial = choose_trial(study, number=args.trial, limits=parse_limits(args.limit))
+    except ValueError as e:
+        raise CLIError(str(e)) from None
+    arch = _architecture(study, trial)
+    if arch is None:
+        raise CLIError(f"trial {trial.number} has no architecture recorded")
+    recipe = _export_recipe(args)
+    data = _run_data(args, study)
+    mode = "finetune" if args.finetune else "retrain"
+    print(f"deploying trial {trial.number} ({mode}, {recipe.epochs} epochs): {arch.describe()}")
     try:
-        store = RDBArtifactStore(storage)
-    except Exception as e:
-        _logger.info("No artifact store in %s (%s): checkpoints not listed.", mask_url(storage), e)
+        report = deploy_trial(
+            study, trial, arch, data, out=args.out, recipe=recipe, mode=mode,
+            weights=args.weights, holdout_fraction=args.holdout_fraction,
+            margin=args.margin, target=args.target, name=args.name,
+        )  # fmt: skip
+    except DeploymentRefused as e:
+        raise CLIError(f"deployment refused: {e}") from None
+    except ValueError as e:  # bad target, fraction, weights
+        raise CLIError(str(e)) from None
+    print(report.format_table())
+    print(f"next: hpcnas serve {args.out}")
+    return 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from optuna_hpcnas.deploy import serve_command
+
+    return serve_command(args)
+
+
+def _storage_proxy(args: argparse.Namespace) -> int:
+    from optuna_hpcnas.storages import storage_proxy_command
+
+    return storage_proxy_command(args)
+
+
+# ---------------------------------------------------------------------------- dashboard
+def _artifact_store(args: argparse.Namespace, storage: Any, url: str) -> Any | None:
+    """``--artifact-dir``, else the checkpoints in the study's own database (RDB storages)."""
+    from optuna_hpcnas.storages import artifact_store_for
+    from optuna_hpcnas.storages import StorageError
+
+    try:
+        store = artifact_store_for(storage, artifact_store=args.artifact_dir)
+    except (StorageError, ImportError) as e:
+        _logger.info("No artifact store for %s (%s): checkpoints not listed.", mask_url(url), e)
         return None
-    _logger.info("Artifacts (checkpoints) from the RDB artifact store in the study's database.")
+    _logger.info("Artifacts (checkpoints) from %s.", type(store).__name__)
     return store
 
 
 def _cmd_dashboard(args: argparse.Namespace) -> int:
     storage, _ = resolve_storage(args)
-    check_storage(storage, must_exist=True)
-    store = _artifact_store(args, storage)
+    opened = check_storage(storage, must_exist=True)
+    store = _artifact_store(args, opened, storage)
     if args.refresh_plots:
         import optuna
 
         from optuna_hpcnas.dashboard import save_dashboard_plots
 
-        for summary in optuna.study.get_all_study_summaries(storage=storage):
-            study = optuna.load_study(study_name=summary.study_name, storage=storage)
+        for summary in optuna.study.get_all_study_summaries(storage=opened):
+            study = optuna.load_study(study_name=summary.study_name, storage=opened)
             save_dashboard_plots(study)
     from optuna_hpcnas.dashboard import launch_dashboard
 
     host = f"[{args.host}]" if ":" in args.host else args.host
     print(f"optuna-dashboard on http://{host}:{args.port}/ for {mask_url(storage)} (Ctrl-C stops)")
     sys.stdout.flush()
-    launch_dashboard(storage, host=args.host, port=args.port, artifact_store=store)
+    launch_dashboard(opened, host=args.host, port=args.port, artifact_store=store)
     return 0
 
 
@@ -593,8 +632,8 @@ def _remaining_budget(storage: str, name: str) -> tuple[str | None, int]:
     from optuna.trial import TrialState
 
     try:
-        check_storage(storage, must_exist=True)
-        names = [s.study_name for s in optuna.study.get_all_study_summaries(storage=storage)]
+        opened = check_storage(storage, must_exist=True)
+        names = [s.study_name for s in optuna.study.get_all_study_summaries(storage=opened)]
     except CLIError as e:
         return str(e), 0
     except Exception as e:
@@ -604,7 +643,7 @@ def _remaining_budget(storage: str, name: str) -> tuple[str | None, int]:
             f"no study {name!r} to resume in {mask_url(storage)} (studies there: "
             f"{names or 'none'}); start it with `hpcnas run`"
         ), 0
-    study = optuna.load_study(study_name=name, storage=storage)
+    study = optuna.load_study(study_name=name, storage=opened)
     return None, len(
         study.get_trials(deepcopy=False, states=(TrialState.WAITING, TrialState.RUNNING))
     )
@@ -694,8 +733,12 @@ def _cmd_run(args: argparse.Namespace, *, resume: bool) -> int:
                 display=not args.no_progress,
                 metrics=metrics,
             ).start()
+    from optuna_hpcnas.storages import StorageError
+
     try:
         run_search(config, metrics=metrics)
+    except StorageError as e:  # e.g. checkpoints on a journal without an artifact store
+        raise CLIError(str(e)) from None
     finally:
         if reporter is not None:
             reporter.stop()
@@ -717,7 +760,7 @@ def _storage_error(storage: str) -> str | None:
 def _finish_message(storage: str, name: str, metric_names: list[str]) -> None:
     import optuna
 
-    study = optuna.load_study(study_name=name, storage=storage)
+    study = optuna.load_study(study_name=name, storage=check_storage(storage, must_exist=True))
     try:
         from optuna_hpcnas.dashboard import prepare_study
         from optuna_hpcnas.dashboard import save_dashboard_plots
@@ -825,6 +868,57 @@ def _add_template_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--account", help="Slurm account")
 
 
+def _add_deploy_args(p: argparse.ArgumentParser) -> None:
+    _add_study_args(p)
+    p.add_argument("--out", default="hpcnas-deploy", help="output directory")
+    p.add_argument("--trial", type=int, help="deploy this trial instead of the best")
+    p.add_argument(
+        "--limit",
+        action="append",
+        metavar="NAME=VALUE",
+        help="choose the best trial (of the Pareto front) within a cost limit: flops, params "
+        "or latency (seconds); repeatable",
+    )
+    p.add_argument(
+        "--holdout-fraction",
+        type=float,
+        default=0.1,
+        help="share of all samples, from the test split the search never saw, to verify on "
+        "(default 0.1)",
+    )
+    p.add_argument(
+        "--margin",
+        type=float,
+        default=0.02,
+        help="refuse when the verified accuracy is more than this below the search's "
+        "estimate (default 0.02)",
+    )
+    p.add_argument(
+        "--target",
+        help="onnx-cpu | tensorrt | npu-no-grouped (default: the space's target, else onnx-cpu)",
+    )
+    p.add_argument("--name", default="model", help="model name in the KServe routes")
+    p.add_argument(
+        "--epochs", type=int, help="training epochs (default: [export] epochs, else 30)"
+    )
+    p.add_argument(
+        "--finetune", action="store_true", help="train from the supernet's weights instead"
+    )
+    p.add_argument("--weights", help="supernet state_dict for --finetune (weights_only=True)")
+
+
+def _add_serve_args(p: argparse.ArgumentParser) -> None:
+    from optuna_hpcnas.deploy import add_serve_arguments
+
+    add_serve_arguments(p)
+
+
+def _add_storage_proxy_args(p: argparse.ArgumentParser) -> None:
+    from optuna_hpcnas.storages import add_storage_proxy_arguments
+
+    add_storage_proxy_arguments(p)
+
+
 # name -> (one-line help, description, argument adder)
 _SUBCOMMANDS: dict[str, tuple[str, str, Any]] = {
     "init": ("write a commented starter nas.toml", "write a starter config", _add_init_args),
@@ -849,6 +943,24 @@ _SUBCOMMANDS: dict[str, tuple[str, str, Any]] = {
         "train the best architecture (retrained from scratch by default) and write it as a "
         "torch.export program and ONNX; prints its held-out test accuracy",
         _add_export_args,
+    ),
+    "deploy": (
+        "the best architecture, trained, verified, as FP32/INT8 ONNX + container + chart",
+        "train the chosen architecture, verify it on held-out data, write FP32 and INT8 ONNX "
+        "models, benchmark them (report.json), a Dockerfile and a Helm chart",
+        _add_deploy_args,
+    ),
+    "serve": (
+        "serve a deployed model over HTTP (KServe v1)",
+        "serve the INT8 (or FP32) model of an `hpcnas deploy` directory with the KServe v1 "
+        "protocol (127.0.0.1 by default); the container's entry point",
+        _add_serve_args,
+    ),
+    "storage-proxy": (
+        "an Optuna gRPC storage proxy for many workers",
+        "serve a storage to many workers through Optuna's gRPC proxy (127.0.0.1 by default); "
+        "workers use --storage grpc://HOST:PORT",
+        _add_storage_proxy_args,
     ),
     "dashboard": (
         "optuna-dashboard on the study's storage",
@@ -879,6 +991,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _quiet_exporter_logs() -> None:
+    """The ONNX exporter's and optimiser's step-by-step logs (torch sets its loggers' levels
+    when it is imported: call again after that)."""
+    for name in ("onnxscript", "onnx_ir", "torch.onnx"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
 def _setup_logging(verbose: int, quiet: bool, rank: int) -> None:
     level = logging.WARNING if quiet else (logging.DEBUG if verbose > 1 else logging.INFO)
     if rank != 0 and not verbose:
@@ -892,6 +1011,8 @@ def _setup_logging(verbose: int, quiet: bool, rank: int) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
+    if verbose < 2:
+        _quiet_exporter_logs()
     import optuna
 
     optuna.logging.disable_default_handler()
@@ -915,6 +1036,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "status": _cmd_status,
         "best": _cmd_best,
         "export": _cmd_export,
+        "deploy": _cmd_deploy,
+        "serve": _serve,
+        "storage-proxy": _storage_proxy,
         "dashboard": _cmd_dashboard,
         "template": _cmd_template,
     }

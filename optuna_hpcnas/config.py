@@ -121,11 +121,13 @@ class StudyConfig:
 @dataclass(frozen=True)
 class SpaceConfig:
     """``[space]``: a named preset (with ``overrides``) or a JSON ``file`` written by
-    ``HierarchicalSearchSpace.to_json``."""
+    ``HierarchicalSearchSpace.to_json``; ``target`` (``"onnx-cpu"``, ``"tensorrt"``,
+    ``"npu-no-grouped"``) removes the operators that deployment target cannot run."""
 
     preset: str | None = "digits-small"
     file: str | None = None
     overrides: Mapping[str, Any] = field(default_factory=dict)
+    target: str | None = None
 
     def __post_init__(self) -> None:
         from optuna_hpcnas.search_space._presets import PRESETS
@@ -138,6 +140,10 @@ class SpaceConfig:
             raise ValueError(f"`preset` is {self.preset!r}, but must be one of {sorted(PRESETS)}.")
         _table("overrides", self.overrides)
         object.__setattr__(self, "overrides", dict(self.overrides))
+        if self.target is not None:
+            from optuna_hpcnas.search_space._targets import target_profile
+
+            target_profile(self.target)  # an unknown name raises, naming the known ones
 
     def build(self) -> Any:
         """The ``HierarchicalSearchSpace``."""
@@ -145,15 +151,16 @@ class SpaceConfig:
 
         from optuna_hpcnas.search_space import HierarchicalSearchSpace
 
+        target = {} if self.target is None else {"target": self.target}
         try:
             if self.file is not None:
                 try:
                     data = json.loads(Path(self.file).read_text())
                 except (OSError, ValueError) as e:
                     raise ConfigError(f"[space] file {self.file!r}: {e}") from None
-                return HierarchicalSearchSpace.from_dict({**data, **self.overrides})
+                return HierarchicalSearchSpace.from_dict({**data, **self.overrides, **target})
             assert self.preset is not None
-            return HierarchicalSearchSpace.preset(self.preset, **self.overrides)
+            return HierarchicalSearchSpace.preset(self.preset, **self.overrides, **target)
         except (TypeError, ValueError) as e:
             if isinstance(e, ConfigError):
                 raise

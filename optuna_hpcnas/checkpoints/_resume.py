@@ -110,7 +110,8 @@ def mark_trial_for_retry(
         if callback is None:
             callback = RetryHeartbeatStaleTrialCallback(max_retry=max_retry)
         callback(study, storage.get_trial(trial_id))
-    _logger.warning("Trial %d stopped (%s) and queued for retry.", trial_id, reason)
+    number = storage.get_trial(trial_id).number
+    _logger.warning("Trial %d stopped (%s) and queued for retry.", number, reason)
     return True
 
 

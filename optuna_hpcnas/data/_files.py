@@ -139,6 +139,11 @@ def _task_from_arrays(
         num_classes=num_classes,
         domain=domain,
         name=name,
+        preprocessing={
+            "mean": np.asarray(mean).reshape(-1).tolist(),
+            "std": np.asarray(std).reshape(-1).tolist(),
+            "per": "channel" if domain == "image" else "tensor",
+        },
     )
 
 

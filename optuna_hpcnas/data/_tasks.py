@@ -10,10 +10,13 @@ the number of classes and the domain. Any dataset works when each item is ``(x, 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from collections.abc import Mapping
 from collections.abc import Sequence
 from dataclasses import dataclass
+from dataclasses import field
 import importlib.util
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -41,6 +44,7 @@ class TaskData:
     num_classes: int
     domain: str = "image"
     name: str = "custom"
+    preprocessing: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.domain not in DOMAINS:
@@ -121,6 +125,7 @@ def load_digits_task(*, seed: int = 0, fractions: Sequence[float] = (0.6, 0.2, 0
         num_classes=10,
         domain="image",
         name="digits",
+        preprocessing={"scale": "raw digits pixels 0-16", "mean": mean, "std": std},
     )
 
 

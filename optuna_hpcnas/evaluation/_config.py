@@ -23,7 +23,7 @@ DIRECTIONS = {
 }
 # Hard limits (``trial.set_constraint``) and the cost each one bounds.
 LIMITS = {"max_flops": "flops", "max_params": "params", "max_latency_s": "latency"}
-LATENCY_SOURCES = ("measured", "predicted")
+LATENCY_SOURCES = ("measured", "predicted", "onnx-int8")
 OPTIMIZERS = ("adam", "sgd")
 
 
@@ -37,8 +37,11 @@ class ObjectiveConfig:
             for a multi-objective study (``directions`` gives the matching directions).
         flops_weight: ``l1`` of ``accuracy + l1 * log(1 / FLOPs) + l2 * log(1 / latency)``.
         latency_weight: ``l2`` of the same.
-        latency: ``"measured"`` (median of timed forwards of the subnet) or ``"predicted"``
-            (per-layer lookup table) as the latency objective; both are recorded.
+        latency: ``"measured"`` (median of timed torch forwards of the subnet),
+            ``"predicted"`` (per-layer lookup table) or ``"onnx-int8"`` (median batch-1
+            onnxruntime latency of the subnet quantized to INT8, as it will be deployed; the
+            per-layer predictor is then fitted on those measurements as the search goes, and
+            needs the ``deploy`` extra) as the latency objective; all are recorded.
         max_flops: Hard limit through ``trial.set_constraint`` (``None``: none).
         max_params: Hard limit on parameters.
         max_latency_s: Hard limit on latency (seconds).

@@ -1,4 +1,5 @@
-"""Supernet checkpoints of a run, in the study's own storage (``[checkpoints] enabled``).
+"""Supernet checkpoints of a run (``[checkpoints] enabled``): in the study's own database on
+RDB storages, in ``[checkpoints] artifact_store`` (a directory) on the others.
 
 Every group leader restores the newest valid checkpoint at start (then the warm-up is
 skipped); world rank 0 owns the chain: it saves the supernet (weights, optimizer, RNG, step
@@ -43,13 +44,14 @@ class SupernetCheckpoints:
         owner: bool,
     ) -> None:
         from optuna_hpcnas.checkpoints import CheckpointPolicy
-        from optuna_hpcnas.checkpoints import RDBArtifactStore
+        from optuna_hpcnas.storages import artifact_store_for
 
         self.study = study
         self.trainer = trainer
         self.config = config
         self.owner = owner
-        store = RDBArtifactStore(study._storage, chunk_bytes=config.chunk_bytes)  # type: ignore[arg-type]
+        # the study's own database on RDB storages, else [checkpoints] artifact_store
+        store = artifact_store_for(study._storage, artifact_store=config.artifact_store)
         self.policy = CheckpointPolicy(
             study=study,
             artifact_store=store,

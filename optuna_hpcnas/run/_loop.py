@@ -32,7 +32,8 @@ from optuna_hpcnas.evaluation import Outcome
 from optuna_hpcnas.evaluation import TrialPlan
 from optuna_hpcnas.run._links import FollowerLink
 from optuna_hpcnas.run._links import LeaderLink
-from optuna_hpcnas.run._study import fail_stale_trials
+from optuna_hpcnas.run._study import grace_period
+from optuna_hpcnas.run._study import recover_dead_trials
 
 if TYPE_CHECKING:
     import optuna
@@ -100,6 +101,10 @@ class GroupLoop:
         self._start = time.monotonic()
         self._sqlite = _records.sqlite_path(config.study.resolved_storage())
         self._scheduler = self._make_scheduler() if group.is_leader else None
+        # heartbeat or lease of every trial this leader took, from its pop to its tell
+        self._alive: dict[int, contextlib.ExitStack] = {}
+        self._grace = grace_period(config)
+        self._swept = -math.inf
 
     def _make_scheduler(self) -> DynamicScheduler:
         cost_aware = self.config.distributed.scheduler == "cost_aware"
@@ -112,6 +117,14 @@ class GroupLoop:
 
     # ------------------------------------------------------------------ the loop
     def run(self) -> None:
+        try:
+            self._run()
+        finally:  # a signal or an error: stop the heartbeat and lease threads
+            for stack in self._alive.values():
+                stack.close()
+            self._alive.clear()
+
+    def _run(self) -> None:
         while True:
             message: Any = None
             task: Task | None = None
@@ -146,8 +159,7 @@ class GroupLoop:
             self.tracker,
         )
         watch = self.watch(trial) if self.watch is not None else contextlib.nullcontext()
-        beat = _records.heartbeat(trial) if self._heartbeat else contextlib.nullcontext()
-        with beat, watch:
+        with watch:
             with self.tracker.track("compute"):
                 outcome = self.core.evaluate(arch, link, self.engine, on_step=self.on_step)
         with self.channel.leader_section("telling the result"):
@@ -175,10 +187,31 @@ class GroupLoop:
                 on_step=self.on_step,
             )
 
-    @property
-    def _heartbeat(self) -> bool:
+    def _keep_alive(self, trial: optuna.Trial) -> None:
+        """From the moment it is RUNNING, a trial sends heartbeats (RDB storages) or holds a
+        lease (the others), so a worker killed at any point leaves it recoverable."""
+        from optuna_hpcnas.storages import TrialLease
+
+        stack = contextlib.ExitStack()
+        if _records.has_heartbeat(trial.storage):
+            stack.enter_context(_records.heartbeat(trial))
+        else:
+            interval = float(self.config.checkpoints.heartbeat_interval)
+            stack.enter_context(TrialLease(trial, interval=interval, grace_period=self._grace))
+        self._alive[trial._trial_id] = stack
+
+    def _release(self, trial: optuna.Trial) -> None:
+        stack = self._alive.pop(trial._trial_id, None)
+        if stack is not None:
+            stack.close()
+
+    def _sweep(self) -> None:
+        """Recover dead workers' trials, at most every half grace period (a storage scan)."""
         assert self.study is not None
-        return _records.has_heartbeat(self.study._storage)
+        now = time.monotonic()
+        if now - self._swept >= self._grace / 2:
+            self._swept = now
+            recover_dead_trials(self.study, self.config)
 
     # ------------------------------------------------------------------ leader: pulling work
     def _timed_out(self) -> bool:
@@ -190,10 +223,15 @@ class GroupLoop:
         if self._timed_out():
             return None
         with self.tracker.track("storage"):
-            fail_stale_trials(self.study)
+            self._sweep()
+            trial: optuna.Trial | None
             if self.config.study.n_trials is None:
-                return self.study.ask()
-            return _records.pop_waiting_trial(self.study, sqlite_path=self._sqlite)
+                trial = self.study.ask()
+            else:
+                trial = _records.pop_waiting_trial(self.study, sqlite_path=self._sqlite)
+            if trial is not None:
+                self._keep_alive(trial)
+            return trial
 
     def _pull(self) -> Task | None:
         """The scheduler's source: the next feasible trial of the study."""
@@ -234,24 +272,37 @@ class GroupLoop:
                 trial.set_constraint(_keys.CLUSTER_RANKS_CONSTRAINT, float(excess))
             _records.set_trial_system_attr(trial, _keys.DISTRIBUTED_INFEASIBLE, reason)
             self.study.tell(trial, [_WORST[d] for d in self.config.directions])
+        self._release(trial)
         self.trials_infeasible += 1
         _logger.info("Trial %d infeasible: %s.", trial.number, reason)
 
     def _tell(self, trial: optuna.Trial, arch: Architecture, outcome: Outcome) -> None:
+        from optuna.exceptions import UpdateFinishedTrialError
         from optuna.trial import TrialState
 
         assert self.study is not None
         engine = "deepspeed" if self.engine.uses_deepspeed(arch) else "plain"
         c = arch.cluster
         layout = f"dp{c.data_parallel}xpp{c.pipeline_stages} on {self.group.size} ranks ({engine})"
-        with self.tracker.track("storage"):
-            _records.set_trial_system_attr(trial, _keys.DISTRIBUTED_GROUP, self.group.index)
-            _records.set_trial_system_attr(trial, _keys.DISTRIBUTED_LAYOUT, layout)
-            if outcome.state == "complete":
-                assert outcome.values is not None
-                self.study.tell(trial, list(outcome.values))
-            elif outcome.state == "pruned":
-                self.study.tell(trial, state=TrialState.PRUNED)
-            else:
-                self.study.tell(trial, state=TrialState.FAIL)
+        try:
+            with self.tracker.track("storage"):
+                _records.set_trial_system_attr(trial, _keys.DISTRIBUTED_GROUP, self.group.index)
+                _records.set_trial_system_attr(trial, _keys.DISTRIBUTED_LAYOUT, layout)
+                if outcome.state == "complete":
+                    assert outcome.values is not None
+                    self.study.tell(trial, list(outcome.values))
+                elif outcome.state == "pruned":
+                    self.study.tell(trial, state=TrialState.PRUNED)
+                else:
+                    self.study.tell(trial, state=TrialState.FAIL)
+        except UpdateFinishedTrialError:
+            # Another worker took this trial for dead (no renewal for a grace period) and
+            # queued it again; its retry will run, this result is dropped.
+            _logger.warning(
+                "Trial %d was recovered by another worker while it ran; its result is "
+                "dropped (raise [checkpoints] grace_period).",
+                trial.number,
+            )
+        finally:
+            self._release(trial)
         self.trials_done += 1

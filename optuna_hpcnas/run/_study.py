@@ -25,24 +25,44 @@ if TYPE_CHECKING:
 _logger = logging.getLogger(__name__)
 
 
-def open_storage(url: str, config: RunConfig) -> Any:
-    """The Optuna storage of ``url``: RDB storages get heartbeats (and stale-trial retries)."""
+def _storage(url: str, config: RunConfig) -> Any:
+    """The Optuna storage of ``url`` (``optuna_hpcnas.storages.open_storage``): RDB storages
+    get heartbeats and stale-trial retries from ``[checkpoints]``."""
     if url.startswith("sqlite:///:memory:"):
         return url
-    from optuna_hpcnas.checkpoints import heartbeat_storage
+    from optuna_hpcnas.storages import open_storage
 
-    return heartbeat_storage(url, config.checkpoints)
+    c = config.checkpoints
+    return open_storage(
+        url,
+        heartbeat_interval=c.heartbeat_interval,
+        grace_period=c.grace_period,
+        max_retry=c.max_retry,
+    )
 
 
-def fail_stale_trials(study: optuna.Study) -> None:
-    """Fail (and re-queue) trials whose worker stopped sending heartbeats."""
+def grace_period(config: RunConfig) -> float:
+    """Seconds without heartbeat or lease renewal after which a running trial is dead."""
+    c = config.checkpoints
+    return float(c.grace_period or 2 * c.heartbeat_interval)
+
+
+def recover_dead_trials(study: optuna.Study, config: RunConfig) -> None:
+    """Fail and re-queue the trials of dead workers: Optuna's heartbeat sweep on RDB storages,
+    then the lease sweep (storages without heartbeats, and trials killed before their first
+    heartbeat)."""
     import optuna
 
-    if not _records.has_heartbeat(study._storage):
-        return
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        optuna.storages.fail_stale_trials(study)
+    from optuna_hpcnas.storages import recover_expired_trials
+
+    if _records.has_heartbeat(study._storage):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            optuna.storages.fail_stale_trials(study)
+    for number in recover_expired_trials(
+        study, grace_period=grace_period(config), max_retry=config.checkpoints.max_retry
+    ):
+        _logger.warning("Trial %d of a dead worker was queued again.", number)
 
 
 def open_study(config: RunConfig, comm: Any, group: EvaluationGroup) -> Any:
@@ -58,7 +78,7 @@ def open_study(config: RunConfig, comm: Any, group: EvaluationGroup) -> Any:
     error: str | None = None
     if comm.Get_rank() == 0:
         try:
-            study = _create(config, open_storage(url, config), seed_offset=group.index)
+            study = _create(config, _storage(url, config), seed_offset=group.index)
         except Exception as e:  # every rank must learn it, or they wait forever
             error = f"{type(e).__name__}: {e}"
             raise
@@ -72,7 +92,7 @@ def open_study(config: RunConfig, comm: Any, group: EvaluationGroup) -> Any:
         return None
     return optuna.load_study(
         study_name=config.study.name,
-        storage=open_storage(url, config),
+        storage=_storage(url, config),
         sampler=config.sampler.build(seed_offset=group.index),
         pruner=config.pruner.build(config.stages),
     )
@@ -92,21 +112,20 @@ def _create(config: RunConfig, storage: Any, *, seed_offset: int) -> optuna.Stud
     if len(config.directions) > 1 or config.objective.objectives != ("accuracy",):
         study.set_metric_names(list(config.objective.objectives))
     _records.record_run_data(study, config.data.to_dict())
-    add_budget(study, config.study.n_trials)
+    add_budget(study, config)
     return study
 
 
-def add_budget(study: optuna.Study, n_trials: int | None) -> None:
+def add_budget(study: optuna.Study, config: RunConfig) -> None:
     """Queue the run's budget, or resume an interrupted run's queue without adding to it."""
     from optuna.trial import TrialState
 
-    fail_stale_trials(study)
+    n_trials = config.study.n_trials
+    recover_dead_trials(study, config)
     if n_trials is None:
         return
     waiting = len(study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
-    interrupted = (
-        _records.has_heartbeat(study._storage) and len(study.get_trials(deepcopy=False)) > waiting
-    )
+    interrupted = len(study.get_trials(deepcopy=False)) > waiting
     if waiting and interrupted:
         _logger.info(
             "Study %r has %d trial(s) left from an interrupted run (retries included): "

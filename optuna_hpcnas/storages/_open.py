@@ -111,11 +111,9 @@ def supports_heartbeat(storage: optuna.storages.BaseStorage) -> bool:
     have no heartbeats: run their trials under a :class:`TrialLease` and call
     :func:`recover_expired_trials` instead.
     """
-    from optuna.storages._heartbeat import BaseHeartbeat
-    from optuna.storages._heartbeat import is_heartbeat_enabled
+    from optuna_hpcnas._records import has_heartbeat
 
-    # study._storage wraps an RDBStorage in Optuna's _CachedStorage, which forwards heartbeats.
-    return isinstance(storage, BaseHeartbeat) and is_heartbeat_enabled(storage)
+    return has_heartbeat(storage)
 
 
 def open_storage(

@@ -196,3 +196,24 @@ def test_budget_trials_carry_no_fixed_params(tmp_path: Path) -> None:
     trial = _records.pop_waiting_trial(study, sqlite_path=None)
     assert trial is not None and trial.number == 0
     assert space.contains(space.suggest(trial))
+
+
+def test_deployed_latency_as_the_objective_and_a_target_space(tmp_path: Path) -> None:
+    pytest.importorskip("onnxruntime", reason="the deploy extra is not installed")
+    study = _run(
+        tmp_path,
+        study={"n_trials": 3},
+        space={"target": "npu-no-grouped"},
+        pruner={"name": "none"},
+        objective={"latency": "onnx-int8", "latency_repeats": 3, "max_latency_s": 10.0},
+    )
+    for t in study.get_trials():
+        ua = t.user_attrs
+        assert ua["onnx_int8_latency_s"] > 0
+        # the hard limit bounds the deployed (INT8 onnxruntime) latency
+        excess = t.system_attrs["constraints:hpcnas.max_latency_s"]
+        assert excess == pytest.approx(ua["onnx_int8_latency_s"] / 10.0 - 1.0)
+        assert ua["predicted_latency_s"] > 0  # the per-layer predictor, fitted on them
+        # the NPU target has no grouped or depthwise convolutions
+        ops = [v for k, v in t.params.items() if k.endswith(".op")]
+        assert ops and not any(op.startswith(("sepconv", "dilconv")) for op in ops)
