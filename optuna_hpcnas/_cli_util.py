@@ -236,14 +236,17 @@ class ProgressReporter:
                 self._bar.set_postfix_str(best, refresh=False)
             self._bar.refresh()
         elif self._display:
-            for t in sorted(new, key=lambda t: t.number):
+            # in finishing order, each line with the count at its own finish (several groups
+            # finish trials between two polls)
+            ordered = sorted(new, key=lambda t: (t.datetime_complete or self._started, t.number))
+            for k, t in enumerate(ordered, start=done - len(ordered) + 1):
                 target = f"/{total}" if total else ""
                 values = ""
                 if t.values is not None:
                     values = " values=" + ",".join(f"{v:.6g}" for v in t.values)
                 self._stream.write(
                     f"{time.strftime('%H:%M:%S')} trial {t.number} {t.state.name}{values} "
-                    f"[{done}{target} finished] {_best_text(study)}\n"
+                    f"[{k}{target} finished] {_best_text(study)}\n"
                 )
             self._stream.flush()
         seen.update(t.number for t in finished)

@@ -1,11 +1,13 @@
 """Supernet checkpoints of a run (``[checkpoints] enabled``): in the study's own database on
 RDB storages, in ``[checkpoints] artifact_store`` (a directory) on the others.
 
-Every group leader restores the newest valid checkpoint at start (then the warm-up is
-skipped); world rank 0 owns the chain: it saves the supernet (weights, optimizer, RNG, step
-and trial counters) every ``every_n_steps`` supernet steps, at the end, and at once on
-SIGTERM/SIGUSR1, and closes a generation (top-k architecture states) every
-``every_p_trials`` finished trials.
+Every group leader owns a chain of its own (namespace ``supernet`` for group 0,
+``supernet-g<i>`` for group ``i``): it saves its supernet and optimizer state (weights,
+optimizer, RNG, step and trial counters) after the warm-up, every ``every_n_steps`` supernet
+steps, at the end and at once on SIGTERM/SIGUSR1, and restores the newest valid checkpoint of
+its own chain at start (group 0's when its own has none, e.g. after the number of groups
+changed), then skips the warm-up. World rank 0 also closes a generation (top-k architecture
+states) every ``every_p_trials`` finished trials.
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ class SupernetCheckpoints:
         study: The run's study (its storage holds the artifacts).
         trainer: The supernet and its optimizer.
         config: ``[checkpoints]``.
-        owner: Whether this leader writes (world rank 0) or only restores.
+        group: Index of this leader's evaluation group (its chain's namespace).
+        generations: Whether this leader closes the generations (world rank 0).
     """
 
     def __init__(
@@ -41,7 +44,8 @@ class SupernetCheckpoints:
         trainer: SupernetTrainer,
         config: CheckpointConfig,
         *,
-        owner: bool,
+        group: int = 0,
+        generations: bool = True,
     ) -> None:
         from optuna_hpcnas.checkpoints import CheckpointPolicy
         from optuna_hpcnas.storages import artifact_store_for
@@ -49,7 +53,8 @@ class SupernetCheckpoints:
         self.study = study
         self.trainer = trainer
         self.config = config
-        self.owner = owner
+        self.generations = generations
+        self.namespace = chain_namespace(group)
         # the study's own database on RDB storages, else [checkpoints] artifact_store
         store = artifact_store_for(study._storage, artifact_store=config.artifact_store)
         self.policy = CheckpointPolicy(
@@ -57,7 +62,11 @@ class SupernetCheckpoints:
             artifact_store=store,
             architecture_state=self._architecture_state,
             config=config,
+            namespace=self.namespace,
         )
+        self._first_chain = CheckpointPolicy(
+            study=study, artifact_store=store, config=config, namespace=chain_namespace(0)
+        ).supernet
         self.saved_step = 0
         self.bytes_written = 0
 
@@ -66,6 +75,8 @@ class SupernetCheckpoints:
         from optuna_hpcnas.checkpoints import restore_training_state
 
         latest = self.policy.supernet.load_latest()
+        if latest is None and self.namespace != chain_namespace(0):
+            latest = self._first_chain.load_latest()  # another number of groups than before
         if latest is None:
             _logger.info("No supernet checkpoint in the study yet: starting from the warm-up.")
             return False
@@ -80,9 +91,7 @@ class SupernetCheckpoints:
         return True
 
     def save(self) -> None:
-        """Save the supernet now (the owner; also on SIGTERM/SIGUSR1)."""
-        if not self.owner:
-            return
+        """Save this leader's supernet now (also on SIGTERM/SIGUSR1)."""
         import optuna
 
         from optuna_hpcnas.checkpoints import training_state
@@ -112,14 +121,13 @@ class SupernetCheckpoints:
 
     def after_trial(self, trial_id: int) -> None:
         """Every ``every_n_steps`` steps a supernet checkpoint; the policy's generations."""
-        if not self.owner:
-            return
         if self.trainer.steps - self.saved_step >= self.config.every_n_steps:
             self.save()
-        self.policy(self.study, self.study._storage.get_trial(trial_id))
+        if self.generations:
+            self.policy(self.study, self.study._storage.get_trial(trial_id))
 
     def finish(self) -> None:
-        if self.owner and self.trainer.steps > self.saved_step:
+        if self.trainer.steps > self.saved_step:
             self.save()  # the last trials' steps
 
     def _architecture_state(self, trial: optuna.trial.FrozenTrial) -> dict[str, Any]:
@@ -133,3 +141,9 @@ class SupernetCheckpoints:
             for i, layer in enumerate(layers)
             for k, v in layer.state_dict().items()
         }
+
+
+def chain_namespace(group: int) -> str:
+    """The checkpoint namespace of a group's supernet chain (``supernet`` for group 0, the
+    one ``hpcnas export --finetune`` reads)."""
+    return "supernet" if group == 0 else f"supernet-g{group}"

@@ -175,7 +175,11 @@ def _checkpoints(
     from optuna_hpcnas.run._checkpointing import SupernetCheckpoints
 
     return SupernetCheckpoints(
-        study, objective.trainer, config.checkpoints, owner=comm.Get_rank() == 0
+        study,
+        objective.trainer,
+        config.checkpoints,
+        group=group.index,
+        generations=comm.Get_rank() == 0,
     )
 
 
@@ -227,7 +231,7 @@ def _averager(config: RunConfig, group: EvaluationGroup, objective: Any, tracker
 def _guard(config: RunConfig, checkpoints: Any) -> Any:
     from optuna_hpcnas.checkpoints import PreemptionGuard
 
-    save = checkpoints.save if checkpoints is not None and checkpoints.owner else None
+    save = checkpoints.save if checkpoints is not None else None
     return PreemptionGuard.from_config(config.checkpoints, checkpoint=save)
 
 

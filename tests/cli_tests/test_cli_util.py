@@ -100,6 +100,8 @@ def test_progress_plain_lines_once_per_trial(tmp_path) -> None:  # type: ignore[
     reporter.poll(study)
     lines = stream.getvalue().splitlines()
     assert [line.split()[2] for line in lines] == ["0", "1", "2"]
+    # two trials finished between two polls: each line counts at its own finish
+    assert "[1/4 finished]" in lines[0] and "[2/4 finished]" in lines[1]
     assert "[3/4 finished]" in lines[-1]
     assert "COMPLETE" in lines[0] and "best=" in lines[0]
 

@@ -108,7 +108,7 @@ def test_init_writes_a_starter_that_runs(
         (["run", "--config", "{cfg}", "--storage", "sqlite:///{tmp}"], "is a directory"),
         (
             ["run", "--config", "{cfg}", "--storage", "postgresql+psycopg://u@127.0.0.1:1/x"],
-            "cannot open storage",
+            "annot open storage",
         ),
         (["status", "--storage", "sqlite:///{tmp}/absent.db"], "no such SQLite file"),
         (["dashboard", "--storage", "sqlite:///{tmp}/text.txt"], "not a SQLite"),

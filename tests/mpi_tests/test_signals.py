@@ -1,0 +1,134 @@
+"""SIGUSR1 / SIGTERM under ``mpirun``: every rank checkpoints its group's supernet, queues its
+running trial for retry and exits within 30 s; ``hpcnas resume`` then finishes the budget."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+import signal
+import subprocess
+import sys
+import time
+
+import optuna
+from optuna.trial import TrialState
+import pytest
+
+from optuna_hpcnas import _keys
+from optuna_hpcnas.checkpoints import CheckpointManager
+from optuna_hpcnas.checkpoints import RDBArtifactStore
+from tests.mpi_helpers import mpirun_path
+from tests.run_configs import tiny_config
+from tests.run_configs import write_config
+
+N_TRIALS = 6
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (from /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def _ranks(pid: int) -> list[int]:
+    ranks = []
+    for child in _descendants(pid):
+        try:
+            cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"optuna_hpcnas" in cmdline and b"mpi4py" in cmdline:
+            ranks.append(child)
+    return ranks
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", [signal.SIGUSR1, signal.SIGTERM])
+def test_signal_under_mpirun_checkpoints_every_group_and_resume_finishes(
+    tmp_path: Path, signum: signal.Signals
+) -> None:
+    url = f"sqlite:///{tmp_path / 'sig.db'}"
+    config = write_config(
+        tmp_path / "nas.toml",
+        tiny_config(
+            study={"name": "sig", "storage": url, "n_trials": N_TRIALS},
+            pruner={"name": "none"},
+            data={"max_samples": 600},
+            objective={"batch_size": 8, "max_batches_per_epoch": None, "population_steps": 2},
+            checkpoints={"enabled": True, "every_n_steps": 2, "heartbeat_interval": 1,
+                         "grace_period": 2},
+            distributed={"group_size": 1},
+        ),
+    )  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [mpirun_path(), "-n", "2", sys.executable, "-m", "mpi4py", "-m", "optuna_hpcnas"]
+    proc = subprocess.Popen(
+        [*cmd, "run", "--config", str(config), "--no-progress"],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 180
+    while True:  # both groups in the middle of a trial
+        assert proc.poll() is None, proc.communicate()[0][-3000:]
+        assert time.monotonic() < deadline, "no two running trials"
+        try:
+            study = optuna.load_study(study_name="sig", storage=url)
+            running = study.get_trials(states=(TrialState.RUNNING,))
+        except Exception:  # the study is being created
+            running = []
+        if len(running) == 2:
+            break
+        time.sleep(0.1)
+    ranks = _ranks(proc.pid)
+    assert len(ranks) == 2, ranks
+    sent = time.monotonic()
+    for pid in ranks:  # as Slurm does: the signal reaches every task
+        os.kill(pid, signum)
+    output, _ = proc.communicate(timeout=60)
+    assert time.monotonic() - sent < 30, output[-3000:]
+    assert proc.returncode == 128 + int(signum), output[-3000:]
+
+    study = optuna.load_study(study_name="sig", storage=url)
+    stopped = [t for t in study.get_trials() if _keys.CHECKPOINT_PREEMPTED in t.system_attrs]
+    assert len(stopped) == 2 and all(t.state == TrialState.FAIL for t in stopped)
+    retries = [
+        t
+        for t in study.get_trials(states=(TrialState.WAITING,))
+        if "failed_trial" in t.system_attrs
+    ]
+    assert sorted(t.system_attrs["failed_trial"] for t in retries) == sorted(
+        t.number for t in stopped
+    )
+    store = RDBArtifactStore(url)
+    for namespace in ("supernet", "supernet-g1"):  # every group leader's own chain
+        manager = CheckpointManager(study=study, artifact_store=store, namespace=namespace)
+        assert manager.list_checkpoints(), namespace
+    assert "Trial" in output and "queued for retry" in output
+
+    time.sleep(2.5)  # past the grace period
+    resume = subprocess.run(
+        [*cmd, "resume", "--config", str(config), "--no-progress"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert resume.returncode == 0, resume.stderr[-3000:]
+    assert "Restored the supernet from checkpoint" in resume.stderr
+    study = optuna.load_study(study_name="sig", storage=url)
+    complete = study.get_trials(states=(TrialState.COMPLETE,))
+    assert len(complete) == N_TRIALS
+    again = subprocess.run(
+        [sys.executable, "-m", "optuna_hpcnas", "resume", "--config", str(config)],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert again.returncode == 0 and "no trial left to run" in again.stdout
