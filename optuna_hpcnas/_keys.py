@@ -59,3 +59,9 @@ QUBO_INFO = "hpcnas:qubo:info"
 EVOLUTION_ORIGIN = "hpcnas:evolution:origin"
 """How a trial's parameters were made: ``{"operation", "parent", "second_parent", "level",
 "params"}``; ``params`` lets other workers see a running child before its parameters land."""
+
+# --- samplers (issue 14) -------------------------------------------------------------------
+# Trial system attribute: the params a sampler proposed for a running trial, written before
+# the trial suggests them, so that other workers (EvolutionarySampler and QUBOSampler alike)
+# do not propose the same candidate; see optuna_hpcnas/samplers/_proposals.py.
+SAMPLER_PROPOSAL = "hpcnas:samplers:proposal"

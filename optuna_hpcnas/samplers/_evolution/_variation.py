@@ -234,3 +234,26 @@ def crossover_architectures(
         if space.is_feasible(child):
             return child
     return first
+
+
+def param_neighbours(
+    space: Mapping[str, BaseDistribution],
+    params: Mapping[str, Any],
+    rng: np.random.Generator,
+    scale: float,
+    moves: int = 2,
+) -> list[dict[str, Any]]:
+    """One-parameter changes of ``params``: every other category of a categorical parameter,
+    ``moves`` Gaussian moves (``mutate_value``) of a numerical one."""
+    if any(name not in params or not _contains(d, params[name]) for name, d in space.items()):
+        return []
+    out: list[dict[str, Any]] = []
+    for name, dist in space.items():
+        if _is_fixed(dist):
+            continue
+        if isinstance(dist, CategoricalDistribution):
+            values = [c for c in dist.choices if c != params[name]]
+        else:
+            values = [mutate_value(dist, params[name], rng, scale) for _ in range(moves)]
+        out += [{**params, name: v} for v in values]
+    return out

@@ -1,0 +1,78 @@
+"""Surrogate-screened local search: the child is the candidate a surrogate draw ranks best.
+
+After the tournament, EvolutionarySampler gathers the unseen one-decision neighbours of the
+tournament winner and of the incumbent (White et al.'s local search neighbourhood), a few
+two-decision mutations and random points, and scores them with one Thompson draw of
+``qubo.BayesianQuadratic`` fitted to the normal scores of the finished trials' order
+(``samplers/_ranking.py``: scale-free and feasibility-aware). That is BANANAS' "many
+mutations, evaluate the one the surrogate likes" with the project's own surrogate.
+
+Parameters become features here: a one-hot group per categorical parameter (an inactive
+conditional parameter leaves its group empty), one value in [0, 1] per numerical parameter
+(log scale where the distribution is), so the quadratic surrogate sees every pairwise
+interaction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+import math
+from typing import Any
+
+import numpy as np
+from optuna.distributions import BaseDistribution
+from optuna.distributions import CategoricalDistribution
+from optuna.distributions import FloatDistribution
+from optuna.distributions import IntDistribution
+
+from qubo import Surrogate
+
+
+class Features:
+    """Fixed feature layout of one search space."""
+
+    def __init__(self, space: Mapping[str, BaseDistribution]) -> None:
+        self._names = sorted(n for n, d in space.items() if not d.single())
+        self._space = dict(space)
+        self._offsets: dict[str, int] = {}
+        width = 0
+        for name in self._names:
+            self._offsets[name] = width
+            dist = space[name]
+            width += len(dist.choices) if isinstance(dist, CategoricalDistribution) else 1
+        self.width = width
+
+    def encode(self, params: Mapping[str, Any]) -> np.ndarray:
+        x = np.zeros(self.width)
+        for name in self._names:
+            if name not in params:
+                continue
+            dist, value, at = self._space[name], params[name], self._offsets[name]
+            try:
+                if isinstance(dist, CategoricalDistribution):
+                    x[at + int(dist.to_internal_repr(value))] = 1.0
+                elif isinstance(dist, (FloatDistribution, IntDistribution)):
+                    low, high, v = float(dist.low), float(dist.high), float(value)
+                    if dist.log:
+                        low, high, v = math.log(low), math.log(high), math.log(max(v, 1e-300))
+                    x[at] = (v - low) / (high - low) if high > low else 0.0
+            except (ValueError, TypeError):
+                continue  # a value outside the space carries no information
+        return x
+
+
+def screen(
+    surrogate: Surrogate,
+    features: Features,
+    observed: list[Mapping[str, Any]],
+    scores: np.ndarray,
+    candidates: list[dict[str, Any]],
+    rng: np.random.Generator,
+) -> list[dict[str, Any]]:
+    """``candidates`` sorted by one surrogate draw fitted to ``(observed, scores)`` (lower
+    scores are better); the surrogate's own ``draw`` supplies the exploration."""
+    x = np.array([features.encode(p) for p in observed])
+    model = surrogate.draw(x, scores, rng)
+    energy = model.energy(np.array([features.encode(p) for p in candidates]))
+    order = np.argsort(energy, kind="stable")
+    return [candidates[int(i)] for i in order]
