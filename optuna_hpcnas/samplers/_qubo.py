@@ -43,6 +43,7 @@ from optuna.trial import TrialState
 from optuna_hpcnas import _keys
 from optuna_hpcnas.samplers import _proposals
 from optuna_hpcnas.samplers._compat import process_constraints_after_trial
+from optuna_hpcnas.samplers._ranking import constraint_target
 from optuna_hpcnas.samplers._ranking import feasibility_keys
 from optuna_hpcnas.samplers._ranking import normal_scores
 from optuna_hpcnas.search_space import HierarchicalSearchSpace
@@ -51,6 +52,7 @@ from qubo import conditional_pairs
 from qubo import FactorizationMachine
 from qubo import LinearBudget
 from qubo import OneHotEncoding
+from qubo import QuadraticModel
 from qubo import QUBOProblem
 from qubo import Surrogate
 
@@ -459,8 +461,23 @@ class QUBOSampler(BaseSampler):
         if len(codes) < max(self._n_startup_trials, 1):
             seen = codes + busy
             return self._claim(study, trial, layout, self._randoms(layout, rng, seen), pending)
-        scores = normal_scores(feasibility_keys(values, constraints))
-        return self._optimise(study, trial, layout, rng, np.array(codes), scores, busy, pending)
+        constraint = constraint_target(constraints)
+        # With a feasibility surrogate the objective one learns from every complete trial;
+        # without one, infeasible trials rank last in the objective's own target.
+        keys = feasibility_keys(
+            values, constraints if constraint is None else [None] * len(values)
+        )
+        return self._optimise(
+            study,
+            trial,
+            layout,
+            rng,
+            np.array(codes),
+            normal_scores(keys),
+            busy,
+            pending,
+            constraint,
+        )
 
     def _claim(
         self,
@@ -532,15 +549,21 @@ class QUBOSampler(BaseSampler):
         values: np.ndarray,
         busy: list[np.ndarray],
         pending: list[int],
+        constraint: tuple[np.ndarray, np.ndarray, float] | None = None,
     ) -> dict[str, Any]:
         from qubo import solve
 
         assert layout.problem is not None
         start = time.perf_counter()
         model = self._surrogate.draw(codes, values, rng)
+        problem, feasibility = layout.problem, None
+        if constraint is not None:
+            rows, target, threshold = constraint
+            feasibility = self._surrogate.draw(codes[rows], target, rng)
+            problem = self._with_feasibility(layout, feasibility, threshold)
         fit_time = time.perf_counter() - start
         solution = solve(
-            layout.problem,
+            problem,
             model,
             sampler=self._solver,
             evaluated=list(codes) + busy,
@@ -561,12 +584,39 @@ class QUBOSampler(BaseSampler):
         )
         if not len(solution.codes):
             _logger.info("Trial %d: no new feasible code from the solver; random.", trial.number)
-        decoded = (layout.decode(c) for c in solution.codes)
+        order = np.arange(len(solution.codes))
+        if feasibility is not None and constraint is not None and len(order):
+            # The BQM saw the linear part of the feasibility draw; rank by all of it.
+            ok = feasibility.energy(solution.codes) <= constraint[2]
+            order = np.concatenate([order[ok], order[~ok]])
+            info["predicted_feasible"] = int(ok.sum())
+        decoded = (layout.decode(solution.codes[i]) for i in order)
         randoms = self._randoms(layout, rng, list(codes) + busy)
         params = self._claim(study, trial, layout, itertools.chain(decoded, randoms), pending)
         info["params"] = params
         study._storage.set_trial_system_attr(trial._trial_id, _keys.QUBO_INFO, info)
         return params
+
+    @staticmethod
+    def _with_feasibility(layout: _Layout, model: QuadraticModel, threshold: float) -> QUBOProblem:
+        """The layout's problem plus a budget from the linear part of a feasibility draw:
+        ``sum(linear of the chosen bits) <= threshold`` (pairs inside a group vanish on
+        codes, pairs across groups are left to the ranking after decoding)."""
+        problem = layout.problem
+        assert problem is not None
+        enc = layout.encoding
+        costs = {
+            (name, value): float(model.linear[enc.bit(g, value)])
+            for g, name in enumerate(enc.names)
+            for value in enc.groups[g]
+        }
+        learned = LinearBudget("feasibility", costs=costs, limit=float(threshold))
+        try:
+            return QUBOProblem(
+                enc, forbidden=problem.forbidden, budgets=[*problem.budgets, learned]
+            )
+        except ValueError:  # the draw finds no code feasible: leave the BQM as it is
+            return problem
 
     def sample_independent(
         self,

@@ -51,3 +51,24 @@ def feasibility_keys(
             violation = float(sum(max(0.0, float(c)) for c in cons))
             out.append((float(violation > 0), violation, float(value)))
     return out
+
+
+def constraint_target(
+    constraints: Sequence[Sequence[float] | None],
+) -> tuple[np.ndarray, np.ndarray, float] | None:
+    """What the feasibility surrogate is fitted on: ``(rows, target, threshold)``.
+
+    ``rows`` indexes the trials that reported constraints, ``target`` is their largest
+    constraint value, standardised, and ``threshold`` is where 0 (the feasibility limit)
+    lands on that scale: a prediction at or below it means feasible. ``None`` when no trial
+    reported constraints or all agree (nothing to learn).
+    """
+    rows = [i for i, c in enumerate(constraints) if c is not None and len(c)]
+    if len(rows) < 2:
+        return None
+    worst = np.array([max(float(v) for v in constraints[i] or ()) for i in rows])
+    std = float(worst.std())
+    if not std > 0 or bool(np.all(worst <= 0)):
+        return None
+    mean = float(worst.mean())
+    return np.array(rows), (worst - mean) / std, -mean / std

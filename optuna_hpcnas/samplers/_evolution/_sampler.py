@@ -24,6 +24,7 @@ from optuna_hpcnas.samplers._evolution._cache import StudyCache
 from optuna_hpcnas.samplers._evolution._screening import Features
 from optuna_hpcnas.samplers._evolution._screening import screen
 from optuna_hpcnas.samplers._evolution._selection import selection_keys
+from optuna_hpcnas.samplers._ranking import constraint_target
 from optuna_hpcnas.samplers._ranking import normal_scores
 from optuna_hpcnas.search_space import HierarchicalSearchSpace
 from optuna_hpcnas.search_space import Level
@@ -565,9 +566,20 @@ class EvolutionarySampler(BaseSampler):
             candidates = [candidates[int(i)] for i in rng.permutation(len(candidates))[:_POOL_MAX]]
         if not candidates:
             return None
-        scores = normal_scores(keys)
+        constraint = constraint_target(
+            [list(m.constraints.values()) if m.constraints else None for m in members]
+        )
+        # With a feasibility surrogate the objective one learns from every trial's merit
+        # (constraints aside); without one, infeasible trials rank last through the keys.
+        scores = normal_scores([k[2:] for k in keys] if constraint is not None else keys)
         return screen(
-            self._surrogate, Features(space), [m.params for m in members], scores, candidates, rng
+            self._surrogate,
+            Features(space),
+            [m.params for m in members],
+            scores,
+            candidates,
+            rng,
+            constraint,
         )
 
     @staticmethod

@@ -68,11 +68,28 @@ def screen(
     scores: np.ndarray,
     candidates: list[dict[str, Any]],
     rng: np.random.Generator,
+    constraint: tuple[np.ndarray, np.ndarray, float] | None = None,
 ) -> list[dict[str, Any]]:
     """``candidates`` sorted by one surrogate draw fitted to ``(observed, scores)`` (lower
-    scores are better); the surrogate's own ``draw`` supplies the exploration."""
+    scores are better); the surrogate's own ``draw`` supplies the exploration.
+
+    With ``constraint`` (``samplers/_ranking.constraint_target`` over ``observed``), a second
+    draw of the same surrogate predicts the worst constraint value: candidates predicted
+    feasible come first (by objective), then the others by predicted violation. This is
+    Thompson sampling for constrained optimisation with the project's one surrogate.
+    """
     x = np.array([features.encode(p) for p in observed])
-    model = surrogate.draw(x, scores, rng)
-    energy = model.energy(np.array([features.encode(p) for p in candidates]))
+    cand = np.array([features.encode(p) for p in candidates])
+    energy = surrogate.draw(x, scores, rng).energy(cand)
     order = np.argsort(energy, kind="stable")
+    if constraint is not None:
+        rows, target, threshold = constraint
+        predicted = surrogate.draw(x[rows], target, rng).energy(cand)
+        ok = predicted <= threshold
+        order = np.concatenate(
+            [
+                order[ok[order]],
+                np.flatnonzero(~ok)[np.argsort(predicted[~ok], kind="stable")],
+            ]
+        )
     return [candidates[int(i)] for i in order]
