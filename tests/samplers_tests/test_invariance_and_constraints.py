@@ -122,19 +122,15 @@ def test_constraints_func_is_stored_and_equals_set_constraint(name: str) -> None
 
 @pytest.mark.parametrize("name", sorted(FACTORIES))
 def test_constrained_search_prefers_feasible_points(name: str) -> None:
-    def feasible_share(study: optuna.Study) -> float:
-        late = study.trials[20:]
-        return float(
-            np.mean([_excess([CHOICES.index(t.params[n]) for n in NAMES]) <= 0 for t in late])
-        )
-
     ours = optuna.create_study(sampler=FACTORIES[name](seed=0, constraints_func=_constraints_func))
     ours.optimize(_constrained, n_trials=50)
-    random = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
-    random.optimize(_constrained, n_trials=50)
-    assert feasible_share(ours) >= feasible_share(random) + 0.2
+    late = [t.constraints["0"] <= 0 for t in ours.trials[20:]]
+    # 40 % of all codes are feasible (what uniform sampling gets); the search stays near the
+    # boundary, where the constrained optimum lies, yet mostly on its feasible side.
+    assert float(np.mean(late)) >= 0.4 + 0.2
+    values = [_value(list(c)) for c in itertools.product(range(4), repeat=5)]
     feasible = [t.value for t in ours.trials if t.constraints["0"] <= 0]
-    assert feasible and min(feasible) <= np.quantile([t.value for t in random.trials], 0.1)
+    assert feasible and min(feasible) <= np.quantile(values, 0.05)
 
 
 @pytest.mark.parametrize("name", sorted(FACTORIES))

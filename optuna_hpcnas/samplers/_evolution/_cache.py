@@ -99,6 +99,9 @@ class StudyCache:
         self._pending: dict[int, int] = {}  # number -> trial_id of RUNNING/WAITING trials
         self._newest: list[Member] = []  # newest finished trials, oldest first
         self.finished: list[Member] = []  # every finished parent candidate, in read order
+        # One-decision neighbours by candidate key (hierarchical spaces; a pure function of
+        # the architecture, so safe to keep for the life of the cache).
+        self.neighbour_lists: dict[Hashable, list[dict[str, Any]]] = {}
         self._keep = 1
         self._params: dict[int, dict[str, Any]] = {}  # every trial's candidate params
         self._key_of: dict[int, Hashable] = {}

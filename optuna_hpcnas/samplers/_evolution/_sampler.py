@@ -46,9 +46,14 @@ _MAX_ATTEMPTS = 4
 _ENUMERABLE = 20_000
 # Screening pool: random two-decision mutations and random points beside the neighbourhoods
 # (they let the surrogate leave a local optimum), and a cap for very large neighbourhoods.
-_POOL_MUTANTS = 16
-_POOL_RANDOM = 16
+# 128 + 128 against 16 + 16 on NAS-Bench-201 cifar10 (30 tuning seeds, regret@100): with a
+# model-size constraint 0.22 against 0.41, unconstrained 0.046 against 0.030 (within noise).
+_POOL_MUTANTS = 128
+_POOL_RANDOM = 128
 _POOL_MAX = 4_000
+# Besides the tournament winner, the neighbourhoods of this many best trials are screened
+# (3 was worse than 1 on NAS-Bench-201 cifar10: 0.062 against 0.030).
+_POOL_PARENTS = 1
 # Observations the surrogate is fitted on (the newest); its fit is cubic in their number.
 _MAX_OBSERVATIONS = 300
 
@@ -357,7 +362,7 @@ class EvolutionarySampler(BaseSampler):
                 else:
                     frozen = dict(search_space)
                     cache.use_keys(
-                        frozenset(frozen.items()), lambda p: _variation.params_key(frozen, p)
+                        frozenset(frozen.items()), _variation.params_key_function(frozen)
                     )
             cache.update(trial.number, self._population_size)
             rng = self._rng(trial.number)
@@ -367,8 +372,7 @@ class EvolutionarySampler(BaseSampler):
                 key_fn = self._arch_key_fn(space)
             else:
                 origin, alternatives = self._child_of_params(cache, search_space, rng)
-                frozen = dict(search_space)
-                key_fn = lambda p: _variation.params_key(frozen, p)  # noqa: E731
+                key_fn = _variation.params_key_function(dict(search_space))
 
             def candidates() -> Iterator[dict[str, Any]]:
                 yield origin["params"]
@@ -466,12 +470,31 @@ class EvolutionarySampler(BaseSampler):
         if self._surrogate is not None and second is None:
 
             def around(params: dict[str, Any]) -> list[dict[str, Any]]:
-                arch = self._architecture(space, params)
-                return [] if arch is None else _variation.neighbours(space, arch)
+                # Neighbour lists are exact and reused (architectures never change).
+                key = key_fn(params)
+                if key not in cache.neighbour_lists:
+                    arch = self._architecture(space, params)
+                    found = [] if arch is None else _variation.neighbours(space, arch)
+                    cache.neighbour_lists[key] = found
+                return cache.neighbour_lists[key]
 
             def mutant(params: dict[str, Any]) -> dict[str, Any]:
-                arch = self._architecture(space, params) or parent_arch
-                return space.to_params(space.mutate(space.mutate(arch, rng), rng))
+                first_step = around(params)
+                if not first_step:
+                    return params
+                step = first_step[int(rng.integers(len(first_step)))]
+                second_step = around(step)
+                return second_step[int(rng.integers(len(second_step)))] if second_step else step
+
+            pool_random = random_child
+            if avoid and cache.space_cardinality <= _ENUMERABLE:
+                left = cache.unseen(
+                    lambda: [(key_fn(p), p) for p in map(space.to_params, space.enumerate())]
+                )
+                if left:
+
+                    def pool_random() -> dict[str, Any]:
+                        return dict(left[int(rng.integers(len(left)))])
 
             screened = self._screened(
                 cache,
@@ -479,7 +502,7 @@ class EvolutionarySampler(BaseSampler):
                 dict(cache.space_distributions or {}),
                 around,
                 mutant,
-                random_child,
+                pool_random,
                 key_fn,
                 unseen,
                 rng,
@@ -546,7 +569,7 @@ class EvolutionarySampler(BaseSampler):
         if len(members) < 2:
             return None
         keys = [k[:-1] for k in selection_keys(members, cache.directions)]  # age is no merit
-        incumbent = members[min(range(len(members)), key=keys.__getitem__)]
+        best = sorted(range(len(members)), key=keys.__getitem__)[:_POOL_PARENTS]
         pool: dict[Hashable, dict[str, Any]] = {}
 
         def add(params: dict[str, Any]) -> None:
@@ -554,7 +577,8 @@ class EvolutionarySampler(BaseSampler):
             if key is not None and key not in pool and unseen(params):
                 pool[key] = params
 
-        for member in {winner.number: winner, incumbent.number: incumbent}.values():
+        parents = {winner.number: winner, **{members[i].number: members[i] for i in best}}
+        for member in parents.values():
             for params in around(dict(member.params)):
                 add(params)
         for _ in range(_POOL_MUTANTS):
@@ -628,8 +652,7 @@ class EvolutionarySampler(BaseSampler):
         search_space: dict[str, BaseDistribution],
         rng: np.random.Generator,
     ) -> tuple[dict[str, Any], Iterator[dict[str, Any]]]:
-        def key_fn(params: dict[str, Any]) -> Hashable | None:
-            return _variation.params_key(search_space, params)
+        key_fn = _variation.params_key_function(search_space)
 
         def unseen(params: dict[str, Any]) -> bool:
             return not self._avoid_duplicates or not cache.is_seen(key_fn(params))
@@ -659,9 +682,7 @@ class EvolutionarySampler(BaseSampler):
                 first,
                 search_space,
                 lambda p: _variation.param_neighbours(search_space, p, rng, scale),
-                lambda p: _variation.mutate_params(
-                    search_space, _variation.mutate_params(search_space, p, rng, scale), rng, scale
-                ),
+                lambda p: _variation.mutate_some(search_space, p, rng, scale, 2),
                 random_child,
                 key_fn,
                 unseen,

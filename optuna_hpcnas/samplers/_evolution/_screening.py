@@ -34,30 +34,45 @@ class Features:
     def __init__(self, space: Mapping[str, BaseDistribution]) -> None:
         self._names = sorted(n for n, d in space.items() if not d.single())
         self._space = dict(space)
-        self._offsets: dict[str, int] = {}
+        # Categorical values by column (dict lookups: encoding runs over every candidate).
+        self._columns: dict[str, dict[Any, int]] = {}
+        self._numeric: dict[str, tuple[int, float, float, bool]] = {}
         width = 0
         for name in self._names:
-            self._offsets[name] = width
             dist = space[name]
-            width += len(dist.choices) if isinstance(dist, CategoricalDistribution) else 1
+            if isinstance(dist, CategoricalDistribution):
+                try:
+                    self._columns[name] = {c: width + i for i, c in enumerate(dist.choices)}
+                except TypeError:  # unhashable choices: no feature
+                    continue
+                width += len(dist.choices)
+            elif isinstance(dist, (FloatDistribution, IntDistribution)):
+                low, high = float(dist.low), float(dist.high)
+                if dist.log:
+                    low, high = math.log(low), math.log(high)
+                self._numeric[name] = (width, low, high, bool(dist.log))
+                width += 1
         self.width = width
 
     def encode(self, params: Mapping[str, Any]) -> np.ndarray:
         x = np.zeros(self.width)
-        for name in self._names:
-            if name not in params:
+        for name, value in params.items():
+            columns = self._columns.get(name)
+            if columns is not None:
+                try:
+                    column = columns.get(value)
+                except TypeError:
+                    column = None
+                if column is not None:  # a value outside the space carries no information
+                    x[column] = 1.0
                 continue
-            dist, value, at = self._space[name], params[name], self._offsets[name]
-            try:
-                if isinstance(dist, CategoricalDistribution):
-                    x[at + int(dist.to_internal_repr(value))] = 1.0
-                elif isinstance(dist, (FloatDistribution, IntDistribution)):
-                    low, high, v = float(dist.low), float(dist.high), float(value)
-                    if dist.log:
-                        low, high, v = math.log(low), math.log(high), math.log(max(v, 1e-300))
-                    x[at] = (v - low) / (high - low) if high > low else 0.0
-            except (ValueError, TypeError):
-                continue  # a value outside the space carries no information
+            numeric = self._numeric.get(name)
+            if numeric is not None:
+                at, low, high, log = numeric
+                v = float(value)
+                if log:
+                    v = math.log(max(v, 1e-300))
+                x[at] = min(max((v - low) / (high - low), 0.0), 1.0) if high > low else 0.0
         return x
 
 

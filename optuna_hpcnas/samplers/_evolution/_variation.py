@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from collections.abc import Iterator
 from collections.abc import Mapping
 import math
@@ -152,6 +153,57 @@ def params_key(space: Mapping[str, BaseDistribution], params: Mapping[str, Any])
         return tuple((name, space[name].to_internal_repr(params[name])) for name in sorted(space))
     except (KeyError, ValueError, TypeError):
         return None
+
+
+def params_key_function(
+    space: Mapping[str, BaseDistribution],
+) -> Callable[[Mapping[str, Any]], Any]:
+    """``params_key`` over a fixed ``space``, with categorical indices looked up in dicts
+    (the screening pool keys hundreds of candidates per ask)."""
+    names = sorted(space)
+    lookups: dict[str, dict[Any, int]] = {}
+    for name in names:
+        dist = space[name]
+        if isinstance(dist, CategoricalDistribution):
+            table: dict[Any, int] = {}
+            try:
+                for i, c in enumerate(dist.choices):
+                    table.setdefault(c, i)  # the first equal choice wins, as tuple.index
+            except TypeError:  # unhashable choices: the generic path
+                continue
+            lookups[name] = table
+
+    def key(params: Mapping[str, Any]) -> Any:
+        out = []
+        try:
+            for name in names:
+                value = params[name]
+                found = lookups.get(name)
+                index = found.get(value) if found is not None else None
+                out.append((name, space[name].to_internal_repr(value) if index is None else index))
+        except (KeyError, ValueError, TypeError):
+            return None
+        return tuple(out)
+
+    return key
+
+
+def mutate_some(
+    space: Mapping[str, BaseDistribution],
+    params: Mapping[str, Any],
+    rng: np.random.Generator,
+    scale: float,
+    count: int,
+) -> dict[str, Any]:
+    """``params`` with ``count`` distinct mutable parameters moved by ``mutate_value``."""
+    mutable = [n for n, d in space.items() if not _is_fixed(d) and n in params]
+    child = dict(params)
+    if not mutable:
+        return child
+    for i in rng.choice(len(mutable), size=min(count, len(mutable)), replace=False):
+        name = mutable[int(i)]
+        child[name] = mutate_value(space[name], params[name], rng, scale)
+    return child
 
 
 # ---------------------------------------------------------------------- hierarchical spaces
