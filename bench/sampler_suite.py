@@ -23,6 +23,7 @@ seed), so peers run once and the samplers are tuned against the cache:
     python bench/sampler_suite.py run --samplers GP --seeds 10
     python bench/sampler_suite.py run --samplers Evolution,QUBO --seeds 30 --fresh
     python bench/sampler_suite.py table --seeds 30
+    python bench/sampler_suite.py summary --seeds 30
 """
 
 from __future__ import annotations
@@ -241,6 +242,32 @@ def cmd_table(args: argparse.Namespace) -> None:
                 print(f"| {label} | {len(rs)} | {' | '.join(cells)} |")
 
 
+def cmd_summary(args: argparse.Namespace) -> None:
+    """One row per problem and mode, one column per sampler: regret at ``--at`` trials
+    (mean ± standard error, seeds in brackets where fewer than ``--seeds``) and, last, the
+    mean seconds per study of each sampler."""
+    names = args.samplers.split(",")
+    at = args.at
+    print(f"| problem | mode | {' | '.join(names)} |")
+    print("|---|---|" + "---|" * len(names))
+    seconds: dict[str, list[float]] = {n: [] for n in names}
+    for pname in args.problems.split(","):
+        for mode in args.modes.split(","):
+            cells = []
+            for name in names:
+                rs = [r for r in _load(pname, mode, name, args.seeds) if len(r["curve"]) >= at]
+                if not rs:
+                    cells.append("-")
+                    continue
+                m, se = _mean_se([r["curve"][at - 1] for r in rs])
+                seconds[name] += [r["seconds"] for r in rs]
+                seeds = "" if len(rs) == args.seeds else f" [{len(rs)}]"
+                cells.append(f"{m:.3f} ± {se:.3f}{seeds}")
+            print(f"| {pname} | {mode} | {' | '.join(cells)} |")
+    secs = [f"{np.mean(v):.2f}" if v else "-" for v in seconds.values()]
+    print(f"| s per study | (mean) | {' | '.join(secs)} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -260,11 +287,17 @@ def main() -> None:
     table.add_argument("--seeds", type=int, default=30)
     table.add_argument("--at", type=int, default=100)
     table.add_argument("--tags", default="", help="sampler=tag,... to show a variant's cache")
+    summary = sub.add_parser("summary", help="one side-by-side table from the cache")
+    summary.add_argument("--samplers", default=",".join(SAMPLERS))
+    summary.add_argument("--problems", default=",".join(TUNING))
+    summary.add_argument("--modes", default=",".join(MODES))
+    summary.add_argument("--seeds", type=int, default=30)
+    summary.add_argument("--at", type=int, default=100)
     args = parser.parse_args()
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     warnings.filterwarnings("ignore")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    {"run": cmd_run, "table": cmd_table}[args.cmd](args)
+    {"run": cmd_run, "table": cmd_table, "summary": cmd_summary}[args.cmd](args)
 
 
 if __name__ == "__main__":

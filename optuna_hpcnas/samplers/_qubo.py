@@ -594,6 +594,11 @@ class QUBOSampler(BaseSampler):
         randoms = self._randoms(layout, rng, list(codes) + busy)
         params = self._claim(study, trial, layout, itertools.chain(decoded, randoms), pending)
         info["params"] = params
+        claimed = layout.encode(params)
+        for i in order:  # the surrogate energy of the claimed code, when the solver found it
+            if claimed is not None and np.array_equal(solution.codes[i], claimed):
+                info["predicted"] = float(solution.energies[i])
+                break
         study._storage.set_trial_system_attr(trial._trial_id, _keys.QUBO_INFO, info)
         return params
 
