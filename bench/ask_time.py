@@ -177,7 +177,7 @@ def part_peers(args: argparse.Namespace) -> None:
                 ms[name] = _time_asks(
                     lambda name=name: SAMPLERS[name](0),
                     history,
-                    problem.suggest,
+                    problem.suggest_for_new_study(),
                     score,
                     constrained,
                     asks,

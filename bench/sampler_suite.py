@@ -45,6 +45,7 @@ import optuna
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from optuna_hpcnas import HierarchicalSearchSpace
 from optuna_hpcnas.samplers import EvolutionarySampler
 from optuna_hpcnas.samplers import QUBOSampler
 
@@ -74,6 +75,11 @@ class Problem:
     value: dict[Any, float]
     cost: dict[Any, float]
     limit: float
+    # A new ``suggest`` for each study, where it must not share state between studies.
+    fresh: Callable[[], Callable[[optuna.Trial], Any]] | None = None
+
+    def suggest_for_new_study(self) -> Callable[[optuna.Trial], Any]:
+        return self.fresh() if self.fresh is not None else self.suggest
 
     def optimum(self, budget: bool) -> tuple[float, float]:
         """(best, worst) value, among feasible keys with a budget."""
@@ -89,7 +95,16 @@ def _digits() -> Problem:
     value = {k: float(r["valid_logloss"]) for k, r in table.rows.items()}
     cost = {k: float(r["flops"]) for k, r in table.rows.items()}
     limit = float(np.quantile(list(cost.values()), 0.3))
-    return Problem("digits", lambda t: space.suggest(t).to_json(), value, cost, limit)
+    text = space.to_json()
+
+    def fresh() -> Callable[[optuna.Trial], Any]:
+        # One space object per study: a space remembers the studies it recorded itself in by
+        # (id(storage), study_id), and a new in-memory storage can reuse a freed id, so a
+        # shared space would skip recording and the samplers would not see it.
+        own = HierarchicalSearchSpace.from_json(text)
+        return lambda t: own.suggest(t).to_json()
+
+    return Problem("digits", fresh(), value, cost, limit, fresh)
 
 
 def _nb201(dataset: str) -> Problem:
@@ -136,9 +151,10 @@ def make_problem(name: str, seed: int) -> Problem:
 
 def run_one(problem: Problem, mode: str, sampler: optuna.samplers.BaseSampler, n: int) -> dict:
     keys: list[Any] = []
+    suggest = problem.suggest_for_new_study()
 
     def objective(trial: optuna.Trial) -> float:
-        key = problem.suggest(trial)
+        key = suggest(trial)
         keys.append(key)
         value = problem.value[key]
         excess = problem.cost[key] - problem.limit
