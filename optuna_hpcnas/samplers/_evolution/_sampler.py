@@ -402,7 +402,8 @@ class EvolutionarySampler(BaseSampler):
         names = frozenset(space.distributions())
 
         def key(params: dict[str, Any]) -> Hashable | None:
-            return tuple(sorted((k, v) for k, v in params.items() if k in names))
+            # A set of (name, value) pairs: no sort, and the screening keys hundreds a call.
+            return frozenset((k, v) for k, v in params.items() if k in names)
 
         return key
 
