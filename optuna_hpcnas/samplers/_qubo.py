@@ -266,6 +266,9 @@ class QUBOSampler(BaseSampler):
         self._max_bits = max_binary_variables
         self._solver = solver
         self._surrogate = model
+        # Feasibility is predicted by the posterior mean: exploration comes from the
+        # objective's draw, and a noisy budget only moves the search off the boundary.
+        self._feasibility: Surrogate = BayesianQuadratic(exploration=0.0)
         self._num_reads = num_reads
         self._solver_kwargs = dict(solver_kwargs or {})
         self._budgets = tuple(budgets)
@@ -559,7 +562,7 @@ class QUBOSampler(BaseSampler):
         problem, feasibility = layout.problem, None
         if constraint is not None:
             rows, target, threshold = constraint
-            feasibility = self._surrogate.draw(codes[rows], target, rng)
+            feasibility = self._feasibility.draw(codes[rows], target, rng)
             problem = self._with_feasibility(layout, feasibility, threshold)
         fit_time = time.perf_counter() - start
         solution = solve(

@@ -28,6 +28,7 @@ from optuna_hpcnas.samplers._ranking import constraint_target
 from optuna_hpcnas.samplers._ranking import normal_scores
 from optuna_hpcnas.search_space import HierarchicalSearchSpace
 from optuna_hpcnas.search_space import Level
+from qubo import BayesianQuadratic
 
 if TYPE_CHECKING:
     from optuna.distributions import BaseDistribution
@@ -220,6 +221,9 @@ class EvolutionarySampler(BaseSampler):
         ):
             raise TypeError(f"`seed` must be an int or None, but got {seed!r}.")
         self._surrogate = self._check_surrogate(surrogate)
+        # Feasibility is predicted by the posterior mean: exploration comes from the
+        # objective's draw, and a noisy prediction only moves the search off the boundary.
+        self._feasibility: Surrogate = BayesianQuadratic(exploration=0.0)
         if constraints_func is not None and not callable(constraints_func):
             raise TypeError(f"`constraints_func` must be callable, but got {constraints_func!r}.")
         self._constraints_func = constraints_func
@@ -605,6 +609,7 @@ class EvolutionarySampler(BaseSampler):
             candidates,
             rng,
             constraint,
+            self._feasibility,
         )
 
     @staticmethod

@@ -84,12 +84,14 @@ def screen(
     candidates: list[dict[str, Any]],
     rng: np.random.Generator,
     constraint: tuple[np.ndarray, np.ndarray, float] | None = None,
+    feasibility: Surrogate | None = None,
 ) -> list[dict[str, Any]]:
     """``candidates`` sorted by one surrogate draw fitted to ``(observed, scores)`` (lower
     scores are better); the surrogate's own ``draw`` supplies the exploration.
 
     With ``constraint`` (``samplers/_ranking.constraint_target`` over ``observed``), a second
-    draw of the same surrogate predicts the worst constraint value: candidates predicted
+    surrogate (``feasibility``, by default ``surrogate`` again) predicts the worst constraint
+    value: candidates predicted
     feasible come first (by objective), then the others by predicted violation. This is
     Thompson sampling for constrained optimisation with the project's one surrogate.
     """
@@ -99,7 +101,8 @@ def screen(
     order = np.argsort(energy, kind="stable")
     if constraint is not None:
         rows, target, threshold = constraint
-        predicted = surrogate.draw(x[rows], target, rng).energy(cand)
+        model = feasibility if feasibility is not None else surrogate
+        predicted = model.draw(x[rows], target, rng).energy(cand)
         ok = predicted <= threshold
         order = np.concatenate(
             [
