@@ -509,7 +509,7 @@ class EvolutionarySampler(BaseSampler):
                 mutant,
                 pool_random,
                 key_fn,
-                unseen,
+                lambda key: avoid and cache.is_seen(key),
                 rng,
             )
             if screened is not None:
@@ -564,7 +564,7 @@ class EvolutionarySampler(BaseSampler):
         mutant: Callable[[dict[str, Any]], dict[str, Any]],
         random_child: Callable[[], dict[str, Any]],
         key_fn: Callable[[dict[str, Any]], Hashable | None],
-        unseen: Callable[[dict[str, Any]], bool],
+        seen: Callable[[Hashable], bool],
         rng: np.random.Generator,
     ) -> list[dict[str, Any]] | None:
         """Unseen candidates around the winner and the incumbent, best surrogate draw first;
@@ -579,7 +579,7 @@ class EvolutionarySampler(BaseSampler):
 
         def add(params: dict[str, Any]) -> None:
             key = key_fn(params)
-            if key is not None and key not in pool and unseen(params):
+            if key is not None and key not in pool and not seen(key):
                 pool[key] = params
 
         parents = {winner.number: winner, **{members[i].number: members[i] for i in best}}
@@ -691,7 +691,7 @@ class EvolutionarySampler(BaseSampler):
                 lambda p: _variation.mutate_some(search_space, p, rng, scale, 2),
                 random_child,
                 key_fn,
-                unseen,
+                lambda key: self._avoid_duplicates and cache.is_seen(key),
                 rng,
             )
             if screened is not None:
