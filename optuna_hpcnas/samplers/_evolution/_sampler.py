@@ -153,8 +153,9 @@ class EvolutionarySampler(BaseSampler):
         avoid_duplicates: Whether to avoid proposing a seen candidate again.
         independent_sampler: Sampler for parameters outside the relative search space
             (default: :class:`~optuna.samplers.RandomSampler`).
-        surrogate: ``"bayes"`` (default: ``qubo.BayesianQuadratic()`` screens the candidate
-            children), a ``qubo.Surrogate`` instance, or ``None`` (blind mutation).
+        surrogate: ``"bayes"`` (default: Thompson samples of
+            ``qubo.BayesianQuadratic(exploration=1.0)`` screen the candidate children), a
+            ``qubo.Surrogate`` instance, or ``None`` (blind mutation).
         constraints_func: Optional function of a finished ``FrozenTrial`` returning its
             constraint values (feasible when all are <= 0), evaluated after each complete or
             pruned trial and stored as Optuna's own samplers store it; constraints set with
@@ -240,7 +241,10 @@ class EvolutionarySampler(BaseSampler):
         if surrogate is None or isinstance(surrogate, Surrogate):
             return surrogate
         if surrogate == "bayes":
-            return BayesianQuadratic()
+            # A plain Thompson sample (exploration 1): on the tuning benchmarks (30 seeds,
+            # regret@100) it beat the tempered 0.5 on 7 of 9 variants, e.g. NAS-Bench-201
+            # cifar10 0.048 against 0.109 (60 seeds), being stuck in a second basin less often.
+            return BayesianQuadratic(exploration=1.0)
         if isinstance(surrogate, str):
             raise ValueError(
                 f"`surrogate` is {surrogate!r}, but must be 'bayes', a qubo.Surrogate or None."
