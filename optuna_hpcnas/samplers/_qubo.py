@@ -34,7 +34,6 @@ from optuna.distributions import CategoricalDistribution
 from optuna.distributions import FloatDistribution
 from optuna.distributions import IntDistribution
 from optuna.samplers import BaseSampler
-from optuna.samplers import RandomSampler
 from optuna.search_space import IntersectionSearchSpace
 from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial
@@ -43,6 +42,7 @@ from optuna.trial import TrialState
 from optuna_hpcnas import _keys
 from optuna_hpcnas.samplers import _proposals
 from optuna_hpcnas.samplers._compat import process_constraints_after_trial
+from optuna_hpcnas.samplers._independent import PerTrialRandomSampler
 from optuna_hpcnas.samplers._ranking import constraint_target
 from optuna_hpcnas.samplers._ranking import feasibility_keys
 from optuna_hpcnas.samplers._ranking import normal_scores
@@ -274,7 +274,7 @@ class QUBOSampler(BaseSampler):
         self._budgets = tuple(budgets)
         self._evaluated_penalty = float(evaluated_penalty)
         self._float_grid = discretize_floats
-        self._independent = independent_sampler or RandomSampler(seed=seed)
+        self._independent = independent_sampler or PerTrialRandomSampler(self._seed)
         self._intersection = IntersectionSearchSpace()
         self._space_cache: tuple[str, HierarchicalSearchSpace] | None = None
         # Codes of finished trials for the current layout; finished params never change.

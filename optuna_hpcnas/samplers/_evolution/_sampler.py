@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 from optuna.samplers import BaseSampler
-from optuna.samplers import RandomSampler
 
 from optuna_hpcnas import _keys
 from optuna_hpcnas.samplers import _proposals
@@ -24,6 +23,7 @@ from optuna_hpcnas.samplers._evolution._cache import StudyCache
 from optuna_hpcnas.samplers._evolution._screening import Features
 from optuna_hpcnas.samplers._evolution._screening import screen
 from optuna_hpcnas.samplers._evolution._selection import selection_keys
+from optuna_hpcnas.samplers._independent import PerTrialRandomSampler
 from optuna_hpcnas.samplers._ranking import constraint_target
 from optuna_hpcnas.samplers._ranking import normal_scores
 from optuna_hpcnas.search_space import HierarchicalSearchSpace
@@ -229,7 +229,7 @@ class EvolutionarySampler(BaseSampler):
             raise TypeError(f"`constraints_func` must be callable, but got {constraints_func!r}.")
         self._constraints_func = constraints_func
         self._seed = self._entropy(seed)
-        self._independent = independent_sampler or RandomSampler(seed=self._seed % 2**32)
+        self._independent = independent_sampler or PerTrialRandomSampler(self._seed)
         self._lock = threading.Lock()
         self._caches: dict[tuple[int, int], StudyCache] = {}
 
