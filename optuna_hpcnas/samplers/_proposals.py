@@ -31,8 +31,9 @@ if TYPE_CHECKING:
     from optuna.trial import FrozenTrial
 
 KeyFn = Callable[[dict[str, Any]], "Hashable | None"]
-# Candidates tried per ask; each round costs one write and a few reads.
+# Writes (each followed by a few reads) and candidates looked at per ask.
 MAX_ROUNDS = 8
+MAX_CANDIDATES = 256
 
 
 def trial_params(trial: FrozenTrial) -> dict[str, Any]:
@@ -75,22 +76,32 @@ def claim(
 ) -> tuple[dict[str, Any], int]:
     """The first of ``candidates`` that no other trial claimed, written to the storage, and
     the number of candidates passed over. Callers pass candidates that were unseen at their
-    first read; after ``MAX_ROUNDS`` (or when candidates run out) the last one is kept."""
+    first read. Candidates known to be taken from an earlier check are skipped without a
+    write (a slow ask can find many of its best candidates taken by faster workers); after
+    ``MAX_ROUNDS`` writes or ``MAX_CANDIDATES`` candidates, the last one written is kept."""
     pending = list(pending)
     chosen: dict[str, Any] | None = None
-    skipped = 0
+    taken: set[Any] = set()
+    skipped = rounds = 0
     for k, params in enumerate(candidates):
-        if k >= MAX_ROUNDS:
-            break
+        key = key_fn(params)
+        if chosen is not None and key is not None and key in taken:
+            skipped += 1
+            if k + 1 >= MAX_CANDIDATES:
+                break
+            continue
         chosen = params
         storage.set_trial_system_attr(trial._trial_id, _keys.SAMPLER_PROPOSAL, params)
-        key = key_fn(params)
-        taken = {
-            key_fn(trial_params(t)) for t in _recent_trials(storage, study_id, trial, pending)
-        }
-        if key is None or key not in taken:
+        if key is None:
+            return params, skipped
+        recent = _recent_trials(storage, study_id, trial, pending)
+        taken |= {key_fn(trial_params(t)) for t in recent}
+        if key not in taken:
             return params, skipped
         skipped += 1
+        rounds += 1
+        if rounds >= MAX_ROUNDS or k + 1 >= MAX_CANDIDATES:
+            break
     if chosen is None:
         raise ValueError("claim() needs at least one candidate.")
     return chosen, skipped
