@@ -109,6 +109,13 @@ class Run:
     seconds: float
 
 
+def fresh_space(table: NASTable) -> HierarchicalSearchSpace:
+    """A copy of the table's space for one study. A space remembers where it recorded itself
+    by ``(id(storage), study_id)``; a new in-memory storage can reuse a freed id, and a shared
+    space would then not record itself in the new study, hiding it from the samplers."""
+    return HierarchicalSearchSpace.from_json(table.space.to_json())
+
+
 def run_single(
     table: NASTable,
     sampler: optuna.samplers.BaseSampler,
@@ -117,7 +124,7 @@ def run_single(
     flops_budget: float | None = None,
 ) -> Run:
     """One single-objective study; with a budget, ``flops - budget`` is a constraint."""
-    space = table.space
+    space = fresh_space(table)
     records: list[tuple[float, float, float]] = []
 
     def objective(trial: optuna.Trial) -> float:
@@ -136,7 +143,7 @@ def run_single(
 
 def run_multi(table: NASTable, sampler: optuna.samplers.BaseSampler, n_trials: int) -> Run:
     """One two-objective study: (valid log-loss, FLOPs), both minimised."""
-    space = table.space
+    space = fresh_space(table)
     records: list[tuple[float, float, float]] = []
 
     def objective(trial: optuna.Trial) -> tuple[float, float]:

@@ -133,7 +133,13 @@ class Digits(Problem):
         self.optimum = min(self.table.values())
 
     def objective(self, trial: optuna.Trial) -> float:
-        return self.table[self.space.suggest(trial).to_json()]
+        # One space object per study (see nas_table.fresh_space): a shared one may not record
+        # itself in a new in-memory study whose storage reuses a freed id.
+        study = getattr(trial, "study", None)
+        if study is not getattr(self, "_study", None):
+            self._study = study
+            self._space = HierarchicalSearchSpace.from_json(self.space.to_json())
+        return self.table[self._space.suggest(trial).to_json()]
 
 
 def samplers() -> dict[str, Factory]:

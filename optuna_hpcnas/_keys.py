@@ -72,3 +72,8 @@ STORAGES_RECOVERED = "hpcnas:storages:recovered"
 # trial, and the number the worker saw (checked against the stored one).
 LOADTEST_WORKER = "load_worker"
 LOADTEST_NUMBER = "load_number"
+# --- samplers (issue 14) -------------------------------------------------------------------
+# Trial system attribute: the params a sampler proposed for a running trial, written before
+# the trial suggests them, so that other workers (EvolutionarySampler and QUBOSampler alike)
+# do not propose the same candidate; see optuna_hpcnas/samplers/_proposals.py.
+SAMPLER_PROPOSAL = "hpcnas:samplers:proposal"

@@ -15,9 +15,12 @@ several workers share one study without talking; with a seed, each trial's draw 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from collections.abc import Iterator
 from collections.abc import Mapping
 from collections.abc import Sequence
 from dataclasses import dataclass
+import itertools
 import logging
 import math
 import time
@@ -31,19 +34,25 @@ from optuna.distributions import CategoricalDistribution
 from optuna.distributions import FloatDistribution
 from optuna.distributions import IntDistribution
 from optuna.samplers import BaseSampler
-from optuna.samplers import RandomSampler
 from optuna.search_space import IntersectionSearchSpace
 from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial
 from optuna.trial import TrialState
 
 from optuna_hpcnas import _keys
+from optuna_hpcnas.samplers import _proposals
+from optuna_hpcnas.samplers._compat import process_constraints_after_trial
+from optuna_hpcnas.samplers._independent import PerTrialRandomSampler
+from optuna_hpcnas.samplers._ranking import constraint_target
+from optuna_hpcnas.samplers._ranking import feasibility_keys
+from optuna_hpcnas.samplers._ranking import normal_scores
 from optuna_hpcnas.search_space import HierarchicalSearchSpace
 from qubo import BayesianQuadratic
 from qubo import conditional_pairs
 from qubo import FactorizationMachine
 from qubo import LinearBudget
 from qubo import OneHotEncoding
+from qubo import QuadraticModel
 from qubo import QUBOProblem
 from qubo import Surrogate
 
@@ -175,6 +184,20 @@ class QUBOSampler(BaseSampler):
         discretize_floats: Grid points per float parameter; ``None`` (default) rejects floats.
         independent_sampler: Sampler for parameters outside the relative search space;
             ``RandomSampler(seed=seed)`` by default.
+        constraints_func: Optional function of a finished ``FrozenTrial`` returning its
+            constraint values (feasible when all are <= 0), stored as Optuna's own samplers
+            store it; ``trial.set_constraint`` values are used the same way.
+
+    The surrogate never sees raw objective values: it is fitted to the normal scores of the
+    order of the complete trials, feasible ones by value first, then infeasible ones by total
+    constraint violation. Any strictly monotone transform of the objective (a log, a penalty
+    of 5 or 1e6 on infeasible points) therefore proposes the same codes, and the surrogate
+    models feasibility along with the objective: codes like the infeasible ones score badly
+    in the BQM.
+
+    A proposal is claimed in the storage before it is returned (``hpcnas:samplers:proposal``,
+    checked against the trials that proposed meanwhile, the next-best code taken if another
+    worker holds it), so parallel workers do not evaluate one code twice.
 
     Sampling facts (fit and solve time, feasibility rate, BQM size, fallback, the proposed
     params, which other workers read before the trial suggests them) go to the trial system
@@ -208,7 +231,11 @@ class QUBOSampler(BaseSampler):
         evaluated_penalty: float = 0.1,
         discretize_floats: int | None = None,
         independent_sampler: BaseSampler | None = None,
+        constraints_func: Callable[[FrozenTrial], Sequence[float]] | None = None,
     ) -> None:
+        if constraints_func is not None and not callable(constraints_func):
+            raise TypeError(f"`constraints_func` must be callable, but got {constraints_func!r}.")
+        self._constraints_func = constraints_func
         if seed is not None:
             _check_int("seed", seed, 0)
         _check_int("n_startup_trials", n_startup_trials, 0)
@@ -239,12 +266,15 @@ class QUBOSampler(BaseSampler):
         self._max_bits = max_binary_variables
         self._solver = solver
         self._surrogate = model
+        # Feasibility is predicted by the posterior mean: exploration comes from the
+        # objective's draw, and a noisy budget only moves the search off the boundary.
+        self._feasibility: Surrogate = BayesianQuadratic(exploration=0.0)
         self._num_reads = num_reads
         self._solver_kwargs = dict(solver_kwargs or {})
         self._budgets = tuple(budgets)
         self._evaluated_penalty = float(evaluated_penalty)
         self._float_grid = discretize_floats
-        self._independent = independent_sampler or RandomSampler(seed=seed)
+        self._independent = independent_sampler or PerTrialRandomSampler(self._seed)
         self._intersection = IntersectionSearchSpace()
         self._space_cache: tuple[str, HierarchicalSearchSpace] | None = None
         # Codes of finished trials for the current layout; finished params never change.
@@ -399,6 +429,8 @@ class QUBOSampler(BaseSampler):
         # Failed, pruned and running codes are not proposed again; only complete ones are fitted.
         trials = study._get_trials(deepcopy=False, states=None, use_cache=True)
         codes, values, busy = [], [], []
+        constraints: list[list[float] | None] = []
+        pending = [t._trial_id for t in trials if not t.state.is_finished()]
         sign = -1.0 if study.direction == StudyDirection.MAXIMIZE else 1.0
         key = (
             id(study._storage),
@@ -416,12 +448,8 @@ class QUBOSampler(BaseSampler):
             if t._trial_id in cache:
                 bits = cache[t._trial_id]
             else:
-                params = t.params
-                if not t.state.is_finished():
-                    # A running trial may not have suggested yet: use what this sampler proposed.
-                    proposed = t.system_attrs.get(_keys.QUBO_INFO, {}).get("params", {})
-                    params = {**proposed, **params}
-                bits = layout.encode(params)
+                # A running trial may not have suggested yet: use what was proposed for it.
+                bits = layout.encode(_proposals.trial_params(t))
                 if t.state.is_finished():
                     cache[t._trial_id] = bits
             if bits is None:
@@ -429,11 +457,58 @@ class QUBOSampler(BaseSampler):
             if t.state == TrialState.COMPLETE and t.value is not None and math.isfinite(t.value):
                 codes.append(bits)
                 values.append(sign * t.value)
+                cons = t.constraints
+                constraints.append(list(cons.values()) if cons else None)
             else:
                 busy.append(bits)
         if len(codes) < max(self._n_startup_trials, 1):
-            return self._random(layout, rng, codes + busy)
-        return self._optimise(study, trial, layout, rng, np.array(codes), np.array(values), busy)
+            seen = codes + busy
+            return self._claim(study, trial, layout, self._randoms(layout, rng, seen), pending)
+        constraint = constraint_target(constraints)
+        # With a feasibility surrogate the objective one learns from every complete trial;
+        # without one, infeasible trials rank last in the objective's own target.
+        keys = feasibility_keys(
+            values, constraints if constraint is None else [None] * len(values)
+        )
+        return self._optimise(
+            study,
+            trial,
+            layout,
+            rng,
+            np.array(codes),
+            normal_scores(keys),
+            busy,
+            pending,
+            constraint,
+        )
+
+    def _claim(
+        self,
+        study: optuna.Study,
+        trial: FrozenTrial,
+        layout: _Layout,
+        candidates: Iterator[dict[str, Any]],
+        pending: list[int],
+    ) -> dict[str, Any]:
+        def key(params: dict[str, Any]) -> Any:
+            bits = layout.encode(params)
+            return None if bits is None else bits.tobytes()
+
+        params, _ = _proposals.claim(
+            study._storage, study._study_id, trial, candidates, key, pending
+        )
+        return params
+
+    def _randoms(
+        self, layout: _Layout, rng: np.random.Generator, seen: list[np.ndarray]
+    ) -> Iterator[dict[str, Any]]:
+        known = list(seen)
+        while True:
+            params = self._random(layout, rng, known)
+            bits = layout.encode(params)
+            if bits is not None:
+                known.append(bits)
+            yield params
 
     def _random(
         self, layout: _Layout, rng: np.random.Generator, seen: Sequence[np.ndarray]
@@ -476,15 +551,22 @@ class QUBOSampler(BaseSampler):
         codes: np.ndarray,
         values: np.ndarray,
         busy: list[np.ndarray],
+        pending: list[int],
+        constraint: tuple[np.ndarray, np.ndarray, float] | None = None,
     ) -> dict[str, Any]:
         from qubo import solve
 
         assert layout.problem is not None
         start = time.perf_counter()
         model = self._surrogate.draw(codes, values, rng)
+        problem, feasibility = layout.problem, None
+        if constraint is not None:
+            rows, target, threshold = constraint
+            feasibility = self._feasibility.draw(codes[rows], target, rng)
+            problem = self._with_feasibility(layout, feasibility, threshold)
         fit_time = time.perf_counter() - start
         solution = solve(
-            layout.problem,
+            problem,
             model,
             sampler=self._solver,
             evaluated=list(codes) + busy,
@@ -503,15 +585,46 @@ class QUBOSampler(BaseSampler):
                 "fallback": len(solution.codes) == 0,
             }
         )
-        if len(solution.codes):
-            params = layout.decode(solution.codes[0])
-            info["predicted"] = float(solution.energies[0])
-            info["params"] = params
-        else:
+        if not len(solution.codes):
             _logger.info("Trial %d: no new feasible code from the solver; random.", trial.number)
-            params = self._random(layout, rng, list(codes) + busy)
+        order = np.arange(len(solution.codes))
+        if feasibility is not None and constraint is not None and len(order):
+            # The BQM saw the linear part of the feasibility draw; rank by all of it.
+            ok = feasibility.energy(solution.codes) <= constraint[2]
+            order = np.concatenate([order[ok], order[~ok]])
+            info["predicted_feasible"] = int(ok.sum())
+        decoded = (layout.decode(solution.codes[i]) for i in order)
+        randoms = self._randoms(layout, rng, list(codes) + busy)
+        params = self._claim(study, trial, layout, itertools.chain(decoded, randoms), pending)
+        info["params"] = params
+        claimed = layout.encode(params)
+        for i in order:  # the surrogate energy of the claimed code, when the solver found it
+            if claimed is not None and np.array_equal(solution.codes[i], claimed):
+                info["predicted"] = float(solution.energies[i])
+                break
         study._storage.set_trial_system_attr(trial._trial_id, _keys.QUBO_INFO, info)
         return params
+
+    @staticmethod
+    def _with_feasibility(layout: _Layout, model: QuadraticModel, threshold: float) -> QUBOProblem:
+        """The layout's problem plus a budget from the linear part of a feasibility draw:
+        ``sum(linear of the chosen bits) <= threshold`` (pairs inside a group vanish on
+        codes, pairs across groups are left to the ranking after decoding)."""
+        problem = layout.problem
+        assert problem is not None
+        enc = layout.encoding
+        costs = {
+            (name, value): float(model.linear[enc.bit(g, value)])
+            for g, name in enumerate(enc.names)
+            for value in enc.groups[g]
+        }
+        learned = LinearBudget("feasibility", costs=costs, limit=float(threshold))
+        try:
+            return QUBOProblem(
+                enc, forbidden=problem.forbidden, budgets=[*problem.budgets, learned]
+            )
+        except ValueError:  # the draw finds no code feasible: leave the BQM as it is
+            return problem
 
     def sample_independent(
         self,
@@ -535,4 +648,6 @@ class QUBOSampler(BaseSampler):
         state: TrialState,
         values: Sequence[float] | None,
     ) -> None:
+        if self._constraints_func is not None:
+            process_constraints_after_trial(self._constraints_func, study, trial, state)
         self._independent.after_trial(study, trial, state, values)

@@ -67,7 +67,7 @@ def test_signal_under_mpirun_checkpoints_every_group_and_resume_finishes(
             study={"name": "sig", "storage": url, "n_trials": N_TRIALS},
             pruner={"name": "none"},
             data={"max_samples": 600},
-            objective={"batch_size": 8, "max_batches_per_epoch": None, "population_steps": 2},
+            objective={"batch_size": 8, "max_batches_per_epoch": 1000, "population_steps": 2},
             checkpoints={"enabled": True, "every_n_steps": 2, "heartbeat_interval": 1,
                          "grace_period": 2},
             distributed={"group_size": 1},

@@ -99,7 +99,10 @@ def test_bad_arguments_raise_and_quote_the_value(
 
 # ---------------------------------------------------------------------- hierarchical space
 def test_hierarchical_children_are_valid_one_decision_mutations() -> None:
-    study = optuna.create_study(sampler=EvolutionarySampler(population_size=10, seed=1))
+    # Blind mutation (surrogate=None): every bred child is one decision from its parent.
+    study = optuna.create_study(
+        sampler=EvolutionarySampler(population_size=10, surrogate=None, seed=1)
+    )
     study.optimize(_objective(), n_trials=80)
     by_number = {t.number: t for t in study.trials}
     mutations = 0
@@ -176,7 +179,9 @@ def test_unseen_neighbour_is_proposed_when_mutations_repeat(
     archs = list(tiny.enumerate())
     best = archs[4]
     missing = neighbours(tiny, best)[-1]
-    study = optuna.create_study(sampler=EvolutionarySampler(population_size=2, seed=0))
+    study = optuna.create_study(
+        sampler=EvolutionarySampler(population_size=2, surrogate=None, seed=0)
+    )
     study._storage.set_study_system_attr(study._study_id, _keys.SEARCH_SPACE, tiny.to_json())
     ordered = [a for a in archs if a != best] + [best]  # the best is the newest member
     for arch in ordered:
@@ -379,7 +384,9 @@ def test_generic_space_is_optimised() -> None:
         c = trial.suggest_categorical("c", ["a", "b", "c"])
         return (x - 1.0) ** 2 + (n - 7) ** 2 + (0 if c == "b" else 3)
 
-    evo = optuna.create_study(sampler=EvolutionarySampler(population_size=10, seed=0))
+    evo = optuna.create_study(
+        sampler=EvolutionarySampler(population_size=10, surrogate=None, seed=0)
+    )
     evo.optimize(objective, n_trials=150)
     ops = [t.system_attrs.get(_keys.EVOLUTION_ORIGIN, {}).get("operation") for t in evo.trials]
     assert ops.count("mutation") > 100
@@ -479,7 +486,9 @@ def test_multi_objective_study_with_constraints_runs_end_to_end() -> None:
 
     study = optuna.create_study(
         directions=["minimize", "minimize"],
-        sampler=EvolutionarySampler(population_size=10, crossover_prob=0.3, seed=0),
+        sampler=EvolutionarySampler(
+            population_size=10, crossover_prob=0.3, surrogate=None, seed=0
+        ),
     )
     study.optimize(objective, n_trials=60)
     ops = {o["operation"] for o in _origins(study)}

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from optuna.trial import TrialState
 
 from optuna_hpcnas import _keys
+from optuna_hpcnas.samplers._proposals import trial_params
 
 if TYPE_CHECKING:
     from optuna.distributions import BaseDistribution
@@ -67,14 +68,12 @@ def _member(trial: FrozenTrial) -> Member:
 
 def candidate_params(trial: FrozenTrial) -> dict[str, Any]:
     """The parameters a trial stands for: the sampled child while it is still running."""
+    params = trial_params(trial)
     origin = trial.system_attrs.get(_keys.EVOLUTION_ORIGIN)
-    params = dict(trial.params)
-    if trial.state in (TrialState.RUNNING, TrialState.WAITING):
-        if isinstance(origin, dict) and isinstance(origin.get("params"), dict):
+    if trial.state in (TrialState.RUNNING, TrialState.WAITING) and isinstance(origin, dict):
+        # Studies written before the shared proposal key carry the child in its origin.
+        if isinstance(origin.get("params"), dict):
             params = {**origin["params"], **params}
-        fixed = trial.system_attrs.get("fixed_params")
-        if isinstance(fixed, dict):
-            params = {**params, **fixed}
     return params
 
 
@@ -99,6 +98,10 @@ class StudyCache:
         self._next_number = 0
         self._pending: dict[int, int] = {}  # number -> trial_id of RUNNING/WAITING trials
         self._newest: list[Member] = []  # newest finished trials, oldest first
+        self.finished: list[Member] = []  # every finished parent candidate, in read order
+        # One-decision neighbours by candidate key (hierarchical spaces; a pure function of
+        # the architecture, so safe to keep for the life of the cache).
+        self.neighbour_lists: dict[Hashable, list[dict[str, Any]]] = {}
         self._keep = 1
         self._params: dict[int, dict[str, Any]] = {}  # every trial's candidate params
         self._key_of: dict[int, Hashable] = {}
@@ -141,6 +144,7 @@ class StudyCache:
             return  # failed trials still count as seen, never as parents
         self.n_finished += 1
         member = _member(trial)
+        self.finished.append(member)
         self._add_newest(member)
 
     def _add_newest(self, member: Member) -> None:
@@ -160,6 +164,11 @@ class StudyCache:
             self.intersection = dists
         else:
             self.intersection = {k: v for k, v in self.intersection.items() if dists.get(k) == v}
+
+    @property
+    def pending_ids(self) -> list[int]:
+        """Trial ids of the trials that were running or waiting at the last read."""
+        return list(self._pending.values())
 
     def population(self, size: int) -> list[Member]:
         """The newest ``size`` finished trials, oldest first (completion time, then number)."""

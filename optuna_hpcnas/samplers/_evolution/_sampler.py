@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from collections.abc import Hashable
+from collections.abc import Iterator
 from collections.abc import Mapping
 from collections.abc import Sequence
 import math
@@ -12,14 +14,21 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 from optuna.samplers import BaseSampler
-from optuna.samplers import RandomSampler
 
 from optuna_hpcnas import _keys
+from optuna_hpcnas.samplers import _proposals
+from optuna_hpcnas.samplers._compat import process_constraints_after_trial
 from optuna_hpcnas.samplers._evolution import _variation
 from optuna_hpcnas.samplers._evolution._cache import StudyCache
+from optuna_hpcnas.samplers._evolution._screening import Features
+from optuna_hpcnas.samplers._evolution._screening import screen
 from optuna_hpcnas.samplers._evolution._selection import selection_keys
+from optuna_hpcnas.samplers._independent import PerTrialRandomSampler
+from optuna_hpcnas.samplers._ranking import constraint_target
+from optuna_hpcnas.samplers._ranking import normal_scores
 from optuna_hpcnas.search_space import HierarchicalSearchSpace
 from optuna_hpcnas.search_space import Level
+from qubo import BayesianQuadratic
 
 if TYPE_CHECKING:
     from optuna.distributions import BaseDistribution
@@ -29,12 +38,25 @@ if TYPE_CHECKING:
 
     from optuna_hpcnas.samplers._evolution._cache import Member
     from optuna_hpcnas.search_space import Architecture
+    from qubo import Surrogate
 
 # Mutations (then random draws) tried before the next fallback. Few: enumerating the
 # parent's neighbours is exact and, on small spaces, cheaper than many blind retries.
 _MAX_ATTEMPTS = 4
 # Spaces up to this size are enumerated (once) to draw among unseen architectures exactly.
 _ENUMERABLE = 20_000
+# Screening pool: random two-decision mutations and random points beside the neighbourhoods
+# (they let the surrogate leave a local optimum), and a cap for very large neighbourhoods.
+# 128 + 128 against 16 + 16 on NAS-Bench-201 cifar10 (30 tuning seeds, regret@100): with a
+# model-size constraint 0.22 against 0.41, unconstrained 0.046 against 0.030 (within noise).
+_POOL_MUTANTS = 128
+_POOL_RANDOM = 128
+_POOL_MAX = 4_000
+# Besides the tournament winner, the neighbourhoods of this many best trials are screened
+# (3 was worse than 1 on NAS-Bench-201 cifar10: 0.062 against 0.030).
+_POOL_PARENTS = 1
+# Observations the surrogate is fitted on (the newest); its fit is cubic in their number.
+_MAX_OBSERVATIONS = 300
 
 
 def _check_int(name: str, value: Any, minimum: int) -> int:
@@ -97,6 +119,16 @@ class EvolutionarySampler(BaseSampler):
     is drawn among the unseen architectures (exactly, for spaces of up to 20,000; by a few
     random draws otherwise) before a duplicate is accepted.
 
+    Surrogate screening (``surrogate="bayes"``, the default): once ``n_startup_trials`` have
+    finished, the child is not a blind mutation of the tournament winner but the candidate
+    that one Thompson draw of ``qubo.BayesianQuadratic`` ranks best among the unseen
+    one-decision neighbours of the winner and of the incumbent, a few two-decision mutations
+    and a few random points (local search with the full neighbourhood, White et al. 2021;
+    surrogate-screened mutation, BANANAS). The surrogate is fitted to normal scores of the
+    order of the finished trials (feasible by value, then infeasible by violation), so any
+    strictly monotone transform of the objective, such as a large penalty on infeasible
+    points, proposes the same children. ``surrogate=None`` is plain aging evolution.
+
     Every child's origin (operation, parents, mutated level and parameters) is written to the
     trial system attribute ``hpcnas:evolution:origin``; the population is rebuilt from the
     storage, so several workers on one RDB study, or a restarted process, agree without
@@ -121,6 +153,13 @@ class EvolutionarySampler(BaseSampler):
         avoid_duplicates: Whether to avoid proposing a seen candidate again.
         independent_sampler: Sampler for parameters outside the relative search space
             (default: :class:`~optuna.samplers.RandomSampler`).
+        surrogate: ``"bayes"`` (default: Thompson samples of
+            ``qubo.BayesianQuadratic(exploration=1.0)`` screen the candidate children), a
+            ``qubo.Surrogate`` instance, or ``None`` (blind mutation).
+        constraints_func: Optional function of a finished ``FrozenTrial`` returning its
+            constraint values (feasible when all are <= 0), evaluated after each complete or
+            pruned trial and stored as Optuna's own samplers store it; constraints set with
+            ``trial.set_constraint`` are used the same way.
         seed: Seed of the random streams.
 
     Example:
@@ -149,6 +188,8 @@ class EvolutionarySampler(BaseSampler):
         consider_pruned_trials: bool = True,
         avoid_duplicates: bool = True,
         independent_sampler: BaseSampler | None = None,
+        surrogate: str | Surrogate | None = "bayes",
+        constraints_func: Callable[[FrozenTrial], Sequence[float]] | None = None,
         seed: int | None = None,
     ) -> None:
         self._population_size = _check_int("population_size", population_size, 2)
@@ -180,10 +221,35 @@ class EvolutionarySampler(BaseSampler):
             isinstance(seed, bool) or not isinstance(seed, (int, np.integer))
         ):
             raise TypeError(f"`seed` must be an int or None, but got {seed!r}.")
+        self._surrogate = self._check_surrogate(surrogate)
+        # Feasibility is predicted by the posterior mean: exploration comes from the
+        # objective's draw, and a noisy prediction only moves the search off the boundary.
+        self._feasibility: Surrogate = BayesianQuadratic(exploration=0.0)
+        if constraints_func is not None and not callable(constraints_func):
+            raise TypeError(f"`constraints_func` must be callable, but got {constraints_func!r}.")
+        self._constraints_func = constraints_func
         self._seed = self._entropy(seed)
-        self._independent = independent_sampler or RandomSampler(seed=self._seed % 2**32)
+        self._independent = independent_sampler or PerTrialRandomSampler(self._seed)
         self._lock = threading.Lock()
         self._caches: dict[tuple[int, int], StudyCache] = {}
+
+    @staticmethod
+    def _check_surrogate(surrogate: Any) -> Surrogate | None:
+        from qubo import BayesianQuadratic
+        from qubo import Surrogate
+
+        if surrogate is None or isinstance(surrogate, Surrogate):
+            return surrogate
+        if surrogate == "bayes":
+            # A plain Thompson sample (exploration 1): on the tuning benchmarks (30 seeds,
+            # regret@100) it beat the tempered 0.5 on 7 of 9 variants, e.g. NAS-Bench-201
+            # cifar10 0.048 against 0.109 (60 seeds), being stuck in a second basin less often.
+            return BayesianQuadratic(exploration=1.0)
+        if isinstance(surrogate, str):
+            raise ValueError(
+                f"`surrogate` is {surrogate!r}, but must be 'bayes', a qubo.Surrogate or None."
+            )
+        raise TypeError(f"`surrogate` must be a str, qubo.Surrogate or None, got {surrogate!r}.")
 
     @staticmethod
     def _check_level_weights(
@@ -281,6 +347,8 @@ class EvolutionarySampler(BaseSampler):
         state: TrialState,
         values: Sequence[float] | None,
     ) -> None:
+        if self._constraints_func is not None:
+            process_constraints_after_trial(self._constraints_func, study, trial, state)
         self._independent.after_trial(study, trial, state, values)
 
     # ------------------------------------------------------------------ sampling
@@ -302,17 +370,34 @@ class EvolutionarySampler(BaseSampler):
                 else:
                     frozen = dict(search_space)
                     cache.use_keys(
-                        frozenset(frozen.items()), lambda p: _variation.params_key(frozen, p)
+                        frozenset(frozen.items()), _variation.params_key_function(frozen)
                     )
             cache.update(trial.number, self._population_size)
             rng = self._rng(trial.number)
             if hierarchical:
                 assert space is not None
-                origin = self._child_of_space(cache, space, rng)
+                origin, alternatives = self._child_of_space(cache, space, rng)
+                key_fn = self._arch_key_fn(space)
             else:
-                origin = self._child_of_params(cache, search_space, rng)
-            params = {k: v for k, v in origin["params"].items() if k in search_space}
+                origin, alternatives = self._child_of_params(cache, search_space, rng)
+                key_fn = _variation.params_key_function(dict(search_space))
+
+            def candidates() -> Iterator[dict[str, Any]]:
+                yield origin["params"]
+                if self._avoid_duplicates:
+                    yield from alternatives
+
+            params, skipped = _proposals.claim(
+                study._storage,
+                study._study_id,
+                trial,
+                ({k: v for k, v in p.items() if k in search_space} for p in candidates()),
+                key_fn if self._avoid_duplicates else (lambda p: None),
+                cache.pending_ids,
+            )
             origin["params"] = params
+            if skipped:
+                origin["claim_skipped"] = skipped
             if self._avoid_duplicates:
                 cache.mark_seen(trial.number, params)
         study._storage.set_trial_system_attr(trial._trial_id, _keys.EVOLUTION_ORIGIN, origin)
@@ -325,7 +410,8 @@ class EvolutionarySampler(BaseSampler):
         names = frozenset(space.distributions())
 
         def key(params: dict[str, Any]) -> Hashable | None:
-            return tuple(sorted((k, v) for k, v in params.items() if k in names))
+            # A set of (name, value) pairs: no sort, and the screening keys hundreds a call.
+            return frozenset((k, v) for k, v in params.items() if k in names)
 
         return key
 
@@ -359,7 +445,9 @@ class EvolutionarySampler(BaseSampler):
 
     def _child_of_space(
         self, cache: StudyCache, space: HierarchicalSearchSpace, rng: np.random.Generator
-    ) -> dict[str, Any]:
+    ) -> tuple[dict[str, Any], Iterator[dict[str, Any]]]:
+        """The child's origin record and, lazily, unseen alternatives in order of preference
+        (for a claim that finds the child taken by another worker)."""
         key_fn = self._arch_key_fn(space)
         # Once every architecture was seen, avoiding duplicates only costs time.
         avoid = self._avoid_duplicates and cache.num_seen < cache.space_cardinality
@@ -375,6 +463,10 @@ class EvolutionarySampler(BaseSampler):
                 params = space.to_params(space.sample(rng))
             return params
 
+        def randoms() -> Iterator[dict[str, Any]]:
+            while True:
+                yield random_child()
+
         origin = _random_origin()
         parents = self._parents(cache, rng)
         parent_arch = None
@@ -382,8 +474,52 @@ class EvolutionarySampler(BaseSampler):
             parent_arch = self._architecture(space, parents[0].params)
         if parents is None or parent_arch is None:
             origin["params"] = random_child()
-            return origin
+            return origin, randoms()
         first, second = parents
+        if self._surrogate is not None and second is None:
+
+            def around(params: dict[str, Any]) -> list[dict[str, Any]]:
+                # Neighbour lists are exact and reused (architectures never change).
+                key = key_fn(params)
+                if key not in cache.neighbour_lists:
+                    arch = self._architecture(space, params)
+                    found = [] if arch is None else _variation.neighbours(space, arch)
+                    cache.neighbour_lists[key] = found
+                return cache.neighbour_lists[key]
+
+            def mutant(params: dict[str, Any]) -> dict[str, Any]:
+                first_step = around(params)
+                if not first_step:
+                    return params
+                step = first_step[int(rng.integers(len(first_step)))]
+                second_step = around(step)
+                return second_step[int(rng.integers(len(second_step)))] if second_step else step
+
+            pool_random = random_child
+            if avoid and cache.space_cardinality <= _ENUMERABLE:
+                left = cache.unseen(
+                    lambda: [(key_fn(p), p) for p in map(space.to_params, space.enumerate())]
+                )
+                if left:
+
+                    def pool_random() -> dict[str, Any]:
+                        return dict(left[int(rng.integers(len(left)))])
+
+            screened = self._screened(
+                cache,
+                first,
+                dict(cache.space_distributions or {}),
+                around,
+                mutant,
+                pool_random,
+                key_fn,
+                lambda key: avoid and cache.is_seen(key),
+                rng,
+            )
+            if screened is not None:
+                origin.update(operation="screened", parent=first.number)
+                origin["params"] = screened[0]
+                return origin, iter(screened[1:] + [random_child() for _ in range(4)])
         base = parent_arch
         origin["parent"] = first.number
         origin["operation"] = "mutation"
@@ -394,6 +530,10 @@ class EvolutionarySampler(BaseSampler):
                 origin["operation"] = "crossover"
                 origin["second_parent"] = second.number
         base_params = space.to_params(base)
+        fresh = (
+            [p for p in _variation.neighbours(space, parent_arch) if unseen(p)] if avoid else []
+        )
+        order = [fresh[int(i)] for i in rng.permutation(len(fresh))]
         # Most of a nearly exhausted space is seen: go to the exact neighbour list sooner.
         crowded = 2 * cache.num_seen > cache.space_cardinality
         for _ in range(1 if crowded else _MAX_ATTEMPTS):
@@ -401,14 +541,11 @@ class EvolutionarySampler(BaseSampler):
             if unseen(params):
                 origin["level"] = level
                 origin["params"] = params
-                return origin
-        fresh = (
-            [p for p in _variation.neighbours(space, parent_arch) if unseen(p)] if avoid else []
-        )
-        if fresh:
+                return origin, iter(order + [random_child() for _ in range(4)])
+        if order:
             origin["operation"] = "neighbour"
-            origin["params"] = fresh[int(rng.integers(len(fresh)))]
-            return origin
+            origin["params"] = order[0]
+            return origin, iter(order[1:] + [random_child() for _ in range(4)])
         origin = _random_origin()
         if avoid and cache.space_cardinality <= _ENUMERABLE:
             # A small space: draw exactly among the architectures never seen.
@@ -416,10 +553,68 @@ class EvolutionarySampler(BaseSampler):
                 lambda: [(key_fn(p), p) for p in map(space.to_params, space.enumerate())]
             )
             if left:
-                origin["params"] = dict(left[int(rng.integers(len(left)))])
-                return origin
+                picks = rng.permutation(len(left))[: _proposals.MAX_ROUNDS]
+                origin["params"] = dict(left[int(picks[0])])
+                return origin, (dict(left[int(i)]) for i in picks[1:])
         origin["params"] = random_child()
-        return origin
+        return origin, randoms()
+
+    def _screened(
+        self,
+        cache: StudyCache,
+        winner: Member,
+        space: Mapping[str, BaseDistribution],
+        around: Callable[[dict[str, Any]], list[dict[str, Any]]],
+        mutant: Callable[[dict[str, Any]], dict[str, Any]],
+        random_child: Callable[[], dict[str, Any]],
+        key_fn: Callable[[dict[str, Any]], Hashable | None],
+        seen: Callable[[Hashable], bool],
+        rng: np.random.Generator,
+    ) -> list[dict[str, Any]] | None:
+        """Unseen candidates around the winner and the incumbent, best surrogate draw first;
+        ``None`` when there is nothing to screen."""
+        assert self._surrogate is not None
+        members = cache.finished[-_MAX_OBSERVATIONS:]
+        if len(members) < 2:
+            return None
+        keys = [k[:-1] for k in selection_keys(members, cache.directions)]  # age is no merit
+        best = sorted(range(len(members)), key=keys.__getitem__)[:_POOL_PARENTS]
+        pool: dict[Hashable, dict[str, Any]] = {}
+
+        def add(params: dict[str, Any]) -> None:
+            key = key_fn(params)
+            if key is not None and key not in pool and not seen(key):
+                pool[key] = params
+
+        parents = {winner.number: winner, **{members[i].number: members[i] for i in best}}
+        for member in parents.values():
+            for params in around(dict(member.params)):
+                add(params)
+        for _ in range(_POOL_MUTANTS):
+            add(mutant(dict(winner.params)))
+        for _ in range(_POOL_RANDOM):
+            add(random_child())
+        candidates = list(pool.values())
+        if len(candidates) > _POOL_MAX:
+            candidates = [candidates[int(i)] for i in rng.permutation(len(candidates))[:_POOL_MAX]]
+        if not candidates:
+            return None
+        constraint = constraint_target(
+            [list(m.constraints.values()) if m.constraints else None for m in members]
+        )
+        # With a feasibility surrogate the objective one learns from every trial's merit
+        # (constraints aside); without one, infeasible trials rank last through the keys.
+        scores = normal_scores([k[2:] for k in keys] if constraint is not None else keys)
+        return screen(
+            self._surrogate,
+            Features(space),
+            [m.params for m in members],
+            scores,
+            candidates,
+            rng,
+            constraint,
+            self._feasibility,
+        )
 
     @staticmethod
     def _architecture(
@@ -466,11 +661,11 @@ class EvolutionarySampler(BaseSampler):
         cache: StudyCache,
         search_space: dict[str, BaseDistribution],
         rng: np.random.Generator,
-    ) -> dict[str, Any]:
+    ) -> tuple[dict[str, Any], Iterator[dict[str, Any]]]:
+        key_fn = _variation.params_key_function(search_space)
+
         def unseen(params: dict[str, Any]) -> bool:
-            return not self._avoid_duplicates or not cache.is_seen(
-                _variation.params_key(search_space, params)
-            )
+            return not self._avoid_duplicates or not cache.is_seen(key_fn(params))
 
         def random_child() -> dict[str, Any]:
             params: dict[str, Any] = {}
@@ -480,25 +675,46 @@ class EvolutionarySampler(BaseSampler):
                     break
             return params
 
+        def randoms() -> Iterator[dict[str, Any]]:
+            while True:
+                yield random_child()
+
         origin = _random_origin()
         parents = self._parents(cache, rng)
         if parents is None:
             origin["params"] = random_child()
-            return origin
+            return origin, randoms()
         first, second = parents
+        scale = self._mutation_scale
+        if self._surrogate is not None and second is None:
+            screened = self._screened(
+                cache,
+                first,
+                search_space,
+                lambda p: _variation.param_neighbours(search_space, p, rng, scale),
+                lambda p: _variation.mutate_some(search_space, p, rng, scale, 2),
+                random_child,
+                key_fn,
+                lambda key: self._avoid_duplicates and cache.is_seen(key),
+                rng,
+            )
+            if screened is not None:
+                origin.update(operation="screened", parent=first.number)
+                origin["params"] = screened[0]
+                return origin, iter(screened[1:] + [random_child() for _ in range(4)])
         base = first.params
         origin.update(operation="mutation", parent=first.number)
         if second is not None:
             base = _variation.crossover_params(search_space, first.params, second.params, rng)
             origin.update(operation="crossover", second_parent=second.number)
         for _ in range(_MAX_ATTEMPTS):
-            params = _variation.mutate_params(search_space, base, rng, self._mutation_scale)
+            params = _variation.mutate_params(search_space, base, rng, scale)
             if unseen(params):
                 origin["params"] = params
-                return origin
+                return origin, randoms()
         origin = _random_origin()
         origin["params"] = random_child()
-        return origin
+        return origin, randoms()
 
 
 def _random_origin() -> dict[str, Any]:

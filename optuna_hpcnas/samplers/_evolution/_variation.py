@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from collections.abc import Iterator
 from collections.abc import Mapping
 import math
@@ -154,6 +155,57 @@ def params_key(space: Mapping[str, BaseDistribution], params: Mapping[str, Any])
         return None
 
 
+def params_key_function(
+    space: Mapping[str, BaseDistribution],
+) -> Callable[[Mapping[str, Any]], Any]:
+    """``params_key`` over a fixed ``space``, with categorical indices looked up in dicts
+    (the screening pool keys hundreds of candidates per ask)."""
+    names = sorted(space)
+    lookups: dict[str, dict[Any, int]] = {}
+    for name in names:
+        dist = space[name]
+        if isinstance(dist, CategoricalDistribution):
+            table: dict[Any, int] = {}
+            try:
+                for i, c in enumerate(dist.choices):
+                    table.setdefault(c, i)  # the first equal choice wins, as tuple.index
+            except TypeError:  # unhashable choices: the generic path
+                continue
+            lookups[name] = table
+
+    def key(params: Mapping[str, Any]) -> Any:
+        out = []
+        try:
+            for name in names:
+                value = params[name]
+                found = lookups.get(name)
+                index = found.get(value) if found is not None else None
+                out.append((name, space[name].to_internal_repr(value) if index is None else index))
+        except (KeyError, ValueError, TypeError):
+            return None
+        return tuple(out)
+
+    return key
+
+
+def mutate_some(
+    space: Mapping[str, BaseDistribution],
+    params: Mapping[str, Any],
+    rng: np.random.Generator,
+    scale: float,
+    count: int,
+) -> dict[str, Any]:
+    """``params`` with ``count`` distinct mutable parameters moved by ``mutate_value``."""
+    mutable = [n for n, d in space.items() if not _is_fixed(d) and n in params]
+    child = dict(params)
+    if not mutable:
+        return child
+    for i in rng.choice(len(mutable), size=min(count, len(mutable)), replace=False):
+        name = mutable[int(i)]
+        child[name] = mutate_value(space[name], params[name], rng, scale)
+    return child
+
+
 # ---------------------------------------------------------------------- hierarchical spaces
 def _all_values(space: HierarchicalSearchSpace, params: Mapping[str, Any]) -> dict[str, Any]:
     values = dict(params)
@@ -234,3 +286,26 @@ def crossover_architectures(
         if space.is_feasible(child):
             return child
     return first
+
+
+def param_neighbours(
+    space: Mapping[str, BaseDistribution],
+    params: Mapping[str, Any],
+    rng: np.random.Generator,
+    scale: float,
+    moves: int = 2,
+) -> list[dict[str, Any]]:
+    """One-parameter changes of ``params``: every other category of a categorical parameter,
+    ``moves`` Gaussian moves (``mutate_value``) of a numerical one."""
+    if any(name not in params or not _contains(d, params[name]) for name, d in space.items()):
+        return []
+    out: list[dict[str, Any]] = []
+    for name, dist in space.items():
+        if _is_fixed(dist):
+            continue
+        if isinstance(dist, CategoricalDistribution):
+            values = [c for c in dist.choices if c != params[name]]
+        else:
+            values = [mutate_value(dist, params[name], rng, scale) for _ in range(moves)]
+        out += [{**params, name: v} for v in values]
+    return out
