@@ -619,10 +619,11 @@ def _cmd_init(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------------- run / resume
 def _bcast(value: Any) -> Any:
     """Rank 0's ``value`` on every rank (only rank 0 reads the storage before the run)."""
-    mpi = sys.modules.get("mpi4py.MPI")
-    if mpi is None or mpi.COMM_WORLD.Get_size() == 1:
+    if mpi_rank_and_size()[1] == 1:
         return value
-    return mpi.COMM_WORLD.bcast(value, root=0)
+    from mpi4py import MPI  # a launcher started several ranks: MPI is there
+
+    return MPI.COMM_WORLD.bcast(value, root=0)
 
 
 def _remaining_budget(storage: str, name: str) -> tuple[str | None, int]:

@@ -101,8 +101,9 @@ def test_signal_under_mpirun_checkpoints_every_group_and_resume_finishes(
     assert proc.returncode == 128 + int(signum), output[-3000:]
 
     study = optuna.load_study(study_name="sig", storage=url)
-    stopped = [t for t in study.get_trials() if _keys.CHECKPOINT_PREEMPTED in t.system_attrs]
-    assert len(stopped) == 2 and all(t.state == TrialState.FAIL for t in stopped)
+    stopped = study.get_trials(states=(TrialState.FAIL,))
+    assert len(stopped) == 2, [(t.number, t.state) for t in study.get_trials()]
+    assert all(t.system_attrs[_keys.CHECKPOINT_PREEMPTED] == signum.name for t in stopped)
     retries = [
         t
         for t in study.get_trials(states=(TrialState.WAITING,))
