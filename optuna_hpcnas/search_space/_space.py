@@ -19,6 +19,7 @@ import itertools
 import json
 from typing import Any
 from typing import TYPE_CHECKING
+import weakref
 
 import numpy as np
 
@@ -185,7 +186,12 @@ class HierarchicalSearchSpace:
             [d.name for d in encoded],
             [d.choices + ((None,) if d.parent is not None else ()) for d in encoded],
         )
-        self._recorded_studies: set[tuple[int, int]] = set()
+        # storage object -> ids of its studies this space recorded itself in. Weak keys: an
+        # id() of a freed storage can come back for a new one (in-memory studies all have id
+        # 0), and the space would then skip recording itself in the new study.
+        self._recorded_studies: weakref.WeakKeyDictionary[Any, set[int]] = (
+            weakref.WeakKeyDictionary()
+        )
 
     # ------------------------------------------------------------------ definition
     def _for_target(self, operators: tuple[str, ...]) -> tuple[str, ...]:
@@ -664,8 +670,7 @@ class HierarchicalSearchSpace:
         if study is None:
             return
         storage, study_id = study._storage, study._study_id
-        key = (id(storage), study_id)
-        if key in self._recorded_studies:
+        if study_id in self._recorded_studies.get(storage, ()):
             return
         stored = storage.get_study_system_attrs(study_id).get(_keys.SEARCH_SPACE)
         mine = self.to_json()
@@ -676,7 +681,7 @@ class HierarchicalSearchSpace:
                 "This study already records a different HierarchicalSearchSpace; use one space "
                 "per study (create a new study for a new space)."
             )
-        self._recorded_studies.add(key)
+        self._recorded_studies.setdefault(storage, set()).add(study_id)
 
     @classmethod
     def from_study(cls, study: optuna.Study) -> HierarchicalSearchSpace | None:

@@ -37,3 +37,19 @@ def test_definition_shared_across_processes(
     )
     assert out.stdout.split() == [str(space.cardinality()), "4"]
     assert len(study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))) == 1
+
+
+def test_one_space_records_itself_in_every_new_in_memory_study() -> None:
+    # In-memory studies all have study id 0, and a freed storage's id() comes back: a cache
+    # keyed by (id(storage), study_id) skipped the record and hid the space from samplers.
+    import gc
+
+    from optuna_hpcnas import HierarchicalSearchSpace
+
+    space = HierarchicalSearchSpace.preset("digits-small")
+    for _ in range(20):
+        study = optuna.create_study()
+        space.suggest(study.ask())
+        assert HierarchicalSearchSpace.from_study(study) == space
+        del study
+        gc.collect()
