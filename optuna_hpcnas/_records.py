@@ -212,3 +212,53 @@ def compute_shares(study: optuna.Study) -> dict[int, float]:
 def group_of(trial: FrozenTrial) -> int:
     """The evaluation group that ran ``trial`` (0 for a one-process run)."""
     return int(trial.system_attrs.get(_keys.DISTRIBUTED_GROUP, 0))
+
+
+# ---------------------------------------------------------------------------- Optuna internals
+def process_constraints_after_trial(
+    constraints_func: Any, study: optuna.Study, trial: FrozenTrial, state: Any
+) -> None:
+    """Evaluate and store ``constraints_func`` exactly as TPESampler, GPSampler and
+    NSGAIISampler do, so ``FrozenTrial.constraints`` reads it back for every sampler."""
+    from optuna.samplers._base import _process_constraints_after_trial
+
+    _process_constraints_after_trial(constraints_func, study, trial, state)
+
+
+def trials_with_heartbeat(storage: Any, trial_ids: list[int]) -> set[int]:
+    """Ids among ``trial_ids`` with an Optuna heartbeat record (left to Optuna's own sweep)."""
+    from optuna.storages import RDBStorage
+    from optuna.storages._rdb import models
+
+    if not trial_ids or not has_heartbeat(storage):
+        return set()
+    backend = getattr(storage, "_backend", storage)  # Optuna's _CachedStorage wraps RDBStorage
+    if not isinstance(backend, RDBStorage):
+        return set()
+    # Optuna has no public "has this trial a heartbeat" query; its model is the one source.
+    session = backend.scoped_session()
+    try:
+        rows = (
+            session.query(models.TrialHeartbeatModel.trial_id)
+            .filter(models.TrialHeartbeatModel.trial_id.in_(trial_ids))
+            .all()
+        )
+    finally:
+        session.close()
+    return {int(row[0]) for row in rows}
+
+
+def grpc_proxy_server(storage: Any, host: str, port: int) -> Any:
+    """Optuna's gRPC storage servicer on ``host:port``, not started. Built here rather than
+    with ``run_grpc_proxy_server`` so that a taken port is an error (``so_reuseport`` off: gRPC
+    would otherwise share the port with another proxy silently)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import grpc
+    from optuna.storages._grpc.auto_generated import api_pb2_grpc
+    from optuna.storages._grpc.servicer import OptunaStorageProxyService
+
+    server = grpc.server(ThreadPoolExecutor(max_workers=10), options=[("grpc.so_reuseport", 0)])
+    api_pb2_grpc.add_StorageServiceServicer_to_server(OptunaStorageProxyService(storage), server)
+    server.add_insecure_port(f"{host}:{port}")
+    return server

@@ -68,6 +68,37 @@ def default_sampler() -> dimod.Sampler:
     return SimulatedAnnealingSampler()
 
 
+def _feasible_codes(
+    problem: QUBOProblem,
+    model: QuadraticModel,
+    raw: np.ndarray,
+    feasible: np.ndarray,
+    max_repairs: int,
+) -> tuple[dict[bytes, np.ndarray], int, int]:
+    """The distinct feasible samples, plus up to ``max_repairs`` distinct infeasible ones
+    repaired; with the numbers repaired and dropped."""
+    kept: dict[bytes, np.ndarray] = {}
+    for x in raw[feasible]:
+        kept.setdefault(x.tobytes(), x)
+    n_repaired = n_dropped = 0
+    tried: set[bytes] = set()
+    for x in raw[~feasible]:
+        key = x.tobytes()
+        if key in tried:
+            continue
+        tried.add(key)
+        if len(tried) > max_repairs:
+            n_dropped += 1
+            continue
+        fixed = problem.repair(x, model)
+        if problem.is_feasible(fixed):
+            n_repaired += 1
+            kept.setdefault(fixed.tobytes(), fixed)
+        else:
+            n_dropped += 1
+    return kept, n_repaired, n_dropped
+
+
 def solve(
     problem: QUBOProblem,
     model: QuadraticModel,
@@ -111,25 +142,7 @@ def solve(
         raw = np.repeat(raw, sampleset.record.num_occurrences, axis=0)
     feasible = problem.n_violations(raw) == 0 if len(raw) else np.zeros(0, dtype=bool)
     seen = {np.asarray(c, dtype=np.uint8).tobytes() for c in evaluated}
-    kept: dict[bytes, np.ndarray] = {}
-    for x in raw[feasible]:
-        kept.setdefault(x.tobytes(), x)
-    n_repaired = n_dropped = 0
-    tried: set[bytes] = set()
-    for x in raw[~feasible]:
-        key = x.tobytes()
-        if key in tried:
-            continue
-        tried.add(key)
-        if len(tried) > max_repairs:
-            n_dropped += 1
-            continue
-        fixed = problem.repair(x, model)
-        if problem.is_feasible(fixed):
-            n_repaired += 1
-            kept.setdefault(fixed.tobytes(), fixed)
-        else:
-            n_dropped += 1
+    kept, n_repaired, n_dropped = _feasible_codes(problem, model, raw, feasible, max_repairs)
     new = [x for key, x in kept.items() if key not in seen]
     n_neighbours = 0
     if not new and kept:

@@ -30,6 +30,7 @@ import warnings
 import numpy as np
 
 from optuna_hpcnas import _keys
+from optuna_hpcnas._records import OPTUNA_ARTIFACTS_PREFIX
 from optuna_hpcnas.checkpoints._config import CheckpointConfig
 from optuna_hpcnas.checkpoints._format import bits
 from optuna_hpcnas.checkpoints._format import CheckpointFormatError
@@ -49,7 +50,6 @@ _logger = logging.getLogger(__name__)
 
 # Optuna's own prefix for artifact metadata (optuna.artifacts._upload): registering our blobs
 # under it makes them show up as study artifacts in optuna-dashboard.
-_OPTUNA_ARTIFACTS_PREFIX = "artifacts:"
 _ARROW_MIMETYPE = "application/vnd.apache.arrow.file"
 _NAMESPACE_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,100}$")
 _MAX_CHAIN = 100_000
@@ -335,27 +335,7 @@ class CheckpointManager:
         checkpoint_id = f"{self._namespace}.{int(step):010d}.{uuid.uuid4().hex[:12]}"
         parent_id = None if full or parent is None else parent.checkpoint_id
 
-        records: list[Record] = []
-        new_state: dict[str, _Entry] = {}
-        n_changed = 0
-        for name, entry in entries.items():
-            base = parent_state.get(name)
-            if base is not None and (base.dtype != entry.dtype or base.shape != entry.shape):
-                base = None
-            name_changed = False
-            for shard, (offset, count) in enumerate(self._shards(entry)):
-                cur = entry.flat[offset : offset + count]
-                prev = None if base is None else base.flat[offset : offset + count]
-                record = self._encode(name, entry, shard, offset, cur, prev, parent_id)
-                name_changed |= record.encoding != "ref"
-                records.append(record)
-            if name_changed:
-                n_changed += 1
-                new_state[name] = _Entry(entry.dtype, entry.shape, entry.flat.copy())
-            else:
-                assert base is not None
-                new_state[name] = base
-
+        records, new_state, n_changed = self._diff(entries, parent_state, parent_id)
         blob = write_records(
             records,
             checkpoint_id=checkpoint_id,
@@ -377,20 +357,7 @@ class CheckpointManager:
             created_at=time.time(),
             metadata=meta,
         )
-        self._store.write(info.artifact_id, io.BytesIO(blob))
-        storage = self._study._storage
-        study_id = self._study._study_id
-        artifact_meta = {
-            "artifact_id": info.artifact_id,
-            "filename": f"{checkpoint_id}.arrow",
-            "mimetype": _ARROW_MIMETYPE,
-            "encoding": None,
-        }
-        storage.set_study_system_attr(
-            study_id, _OPTUNA_ARTIFACTS_PREFIX + info.artifact_id, json.dumps(artifact_meta)
-        )
-        # The manifest goes last: until it exists, the checkpoint does not.
-        storage.set_study_system_attr(study_id, self._prefix + checkpoint_id, info.to_json())
+        self._publish(info, blob)
         self._parent = info
         self._parent_state = new_state
         _logger.debug(
@@ -404,6 +371,53 @@ class CheckpointManager:
         if full:
             self.prune()
         return info
+
+    def _diff(
+        self,
+        entries: Mapping[str, _Entry],
+        parent_state: Mapping[str, _Entry],
+        parent_id: str | None,
+    ) -> tuple[list[Record], dict[str, _Entry], int]:
+        """The records of ``entries`` against the parent's state, the new diff base and the
+        number of tensors that changed."""
+        records: list[Record] = []
+        new_state: dict[str, _Entry] = {}
+        n_changed = 0
+        for name, entry in entries.items():
+            base = parent_state.get(name)
+            if base is not None and (base.dtype != entry.dtype or base.shape != entry.shape):
+                base = None
+            name_changed = False
+            for shard, (offset, count) in enumerate(self._shards(entry)):
+                cur = entry.flat[offset : offset + count]
+                prev = None if base is None else base.flat[offset : offset + count]
+                record = self._encode(name, entry, shard, offset, cur, prev, parent_id)
+                name_changed |= record.encoding != "ref"
+                records.append(record)
+            if name_changed:
+                n_changed += 1
+                new_state[name] = _Entry(entry.dtype, entry.shape, entry.flat.copy())
+            else:
+                assert base is not None
+                new_state[name] = base
+        return records, new_state, n_changed
+
+    def _publish(self, info: CheckpointInfo, blob: bytes) -> None:
+        """Write the blob, list it as an Optuna artifact of the study, then the manifest."""
+        self._store.write(info.artifact_id, io.BytesIO(blob))
+        storage = self._study._storage
+        study_id = self._study._study_id
+        artifact_meta = {
+            "artifact_id": info.artifact_id,
+            "filename": f"{info.checkpoint_id}.arrow",
+            "mimetype": _ARROW_MIMETYPE,
+            "encoding": None,
+        }
+        storage.set_study_system_attr(
+            study_id, OPTUNA_ARTIFACTS_PREFIX + info.artifact_id, json.dumps(artifact_meta)
+        )
+        # The manifest goes last: until it exists, the checkpoint does not.
+        storage.set_study_system_attr(study_id, self._prefix + info.checkpoint_id, info.to_json())
 
     def _shards(self, entry: _Entry) -> list[tuple[int, int]]:
         n = entry.flat.size
@@ -645,7 +659,7 @@ class CheckpointManager:
                 study_id, self._prefix + info.checkpoint_id, json.dumps(None)
             )
             storage.set_study_system_attr(
-                study_id, _OPTUNA_ARTIFACTS_PREFIX + info.artifact_id, json.dumps(None)
+                study_id, OPTUNA_ARTIFACTS_PREFIX + info.artifact_id, json.dumps(None)
             )
             try:
                 self._store.remove(info.artifact_id)

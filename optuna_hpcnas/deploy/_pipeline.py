@@ -250,6 +250,45 @@ def _versions() -> dict[str, str]:
     }
 
 
+def _quantize_and_measure(
+    model: torch.nn.Module,
+    out: Path,
+    shape: tuple[int, ...],
+    held: Any,
+    inputs: np.ndarray,
+    *,
+    threads: int,
+    repeats: int,
+    margin: float,
+    lap: Any,
+) -> tuple[dict[str, Any], dict[str, ModelFigures]]:
+    """INT8 quantization of the FP32 file, then the figures of both models."""
+    quantization = _onnx.quantize_int8(out / FP32_FILE, out / INT8_FILE, inputs)
+    lap("quantize")
+    figures = {}
+    for key, file in (("fp32", FP32_FILE), ("int8", INT8_FILE)):
+        figures[key] = _figures(out / file, model, shape, held, threads=threads, repeats=repeats)
+        lap(f"measure_{key}")
+    _warn_int8_accuracy(figures["fp32"].accuracy, figures["int8"].accuracy, margin)
+    return quantization, figures
+
+
+class _Stopwatch:
+    """Seconds per named step of ``deploy_model`` (the report's ``timings``)."""
+
+    def __init__(self) -> None:
+        self.start = self._last = time.perf_counter()
+        self.timings: dict[str, float] = {}
+
+    def lap(self, step: str) -> None:
+        now = time.perf_counter()
+        self.timings[step] = round(now - self._last, 3)
+        self._last = now
+
+    def total(self) -> float:
+        return time.perf_counter() - self.start
+
+
 def deploy_model(
     model: torch.nn.Module,
     *,
@@ -299,63 +338,35 @@ def deploy_model(
         ...                       calibration=data.train, holdout=holdout, estimate=0.97)
         >>> print(report.format_table())  # doctest: +SKIP
     """
-    start = time.perf_counter()
-    timings: dict[str, float] = {}
-    clock = [start]
-
-    def lap(step: str) -> None:
-        now = time.perf_counter()
-        timings[step] = round(now - clock[0], 3)
-        clock[0] = now
-
+    watch = _Stopwatch()
     shape = _check_arguments(input_shape, estimate, margin, target, name, latency_repeats, threads)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     (out / REPORT_FILE).unlink(missing_ok=True)  # a stale report would vouch for new files
     model.eval()
     export = _export_checked(model, out, shape, target)
-    lap("export_and_target_check")
+    watch.lap("export_and_target_check")
     held = _onnx.dataset_arrays(holdout)
     fp32_accuracy = _onnx.accuracy(_onnx.session(out / FP32_FILE), *held)
     _verify(fp32_accuracy, estimate, margin, len(held[1]))
-    lap("verify")
-    quantization = _onnx.quantize_int8(
-        out / FP32_FILE, out / INT8_FILE, _calibration_inputs(calibration, shape, seed)
-    )
-    lap("quantize")
-    figures = {}
-    for key, file in (("fp32", FP32_FILE), ("int8", INT8_FILE)):
-        figures[key] = _figures(
-            out / file, model, shape, held, threads=threads, repeats=latency_repeats
-        )
-        lap(f"measure_{key}")
-    _warn_int8_accuracy(figures["fp32"].accuracy, figures["int8"].accuracy, margin)
+    watch.lap("verify")
+    quantization, figures = _quantize_and_measure(
+        model, out, shape, held, _calibration_inputs(calibration, shape, seed),
+        threads=threads, repeats=latency_repeats, margin=margin, lap=watch.lap,
+    )  # fmt: skip
     versions = _versions()
     files = [FP32_FILE, INT8_FILE]
     files += _write_container(out, name=name, image=image, ort_version=versions["onnxruntime"])
     report = DeployReport(
-        name=name,
-        target=target,
-        input_shape=shape,
-        preprocessing=dict(preprocessing or {}),
-        metadata=dict(metadata or {}),
-        estimate=None if estimate is None else float(estimate),
-        margin=float(margin),
-        holdout_size=len(held[1]),
-        fp32=figures["fp32"],
-        int8=figures["int8"],
-        quantization=quantization,
-        export=export,
-        target_problems=(),
-        tensorrt=_tensorrt_status(),
-        threads=threads,
-        throughput_batch=THROUGHPUT_BATCH,
-        latency_repeats=latency_repeats,
-        versions=versions,
-        seconds=time.perf_counter() - start,
-        timings=timings,
-        files=(*files, REPORT_FILE),
-    )
+        name=name, target=target, input_shape=shape,
+        preprocessing=dict(preprocessing or {}), metadata=dict(metadata or {}),
+        estimate=None if estimate is None else float(estimate), margin=float(margin),
+        holdout_size=len(held[1]), fp32=figures["fp32"], int8=figures["int8"],
+        quantization=quantization, export=export, target_problems=(),
+        tensorrt=_tensorrt_status(), threads=threads, throughput_batch=THROUGHPUT_BATCH,
+        latency_repeats=latency_repeats, versions=versions, seconds=watch.total(),
+        timings=watch.timings, files=(*files, REPORT_FILE),
+    )  # fmt: skip
     _write_report(out, report)
     return report
 

@@ -40,8 +40,8 @@ from optuna.trial import FrozenTrial
 from optuna.trial import TrialState
 
 from optuna_hpcnas import _keys
+from optuna_hpcnas._records import process_constraints_after_trial
 from optuna_hpcnas.samplers import _proposals
-from optuna_hpcnas.samplers._compat import process_constraints_after_trial
 from optuna_hpcnas.samplers._independent import PerTrialRandomSampler
 from optuna_hpcnas.samplers._ranking import constraint_target
 from optuna_hpcnas.samplers._ranking import feasibility_keys

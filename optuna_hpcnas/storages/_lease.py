@@ -168,28 +168,9 @@ def lease_expiry(trial: optuna.trial.FrozenTrial) -> float | None:
 
 
 def _trials_with_heartbeat(storage: optuna.storages.BaseStorage, trial_ids: list[int]) -> set[int]:
-    """Ids among ``trial_ids`` with an Optuna heartbeat record (left to Optuna's own sweep)."""
-    from optuna.storages import RDBStorage
-    from optuna.storages._rdb import models
+    from optuna_hpcnas._records import trials_with_heartbeat
 
-    from optuna_hpcnas.storages._open import supports_heartbeat
-
-    if not trial_ids or not supports_heartbeat(storage):
-        return set()
-    backend = getattr(storage, "_backend", storage)  # Optuna's _CachedStorage wraps RDBStorage
-    if not isinstance(backend, RDBStorage):
-        return set()
-    # Optuna has no public "has this trial a heartbeat" query; its model is the one source.
-    session = backend.scoped_session()
-    try:
-        rows = (
-            session.query(models.TrialHeartbeatModel.trial_id)
-            .filter(models.TrialHeartbeatModel.trial_id.in_(trial_ids))
-            .all()
-        )
-    finally:
-        session.close()
-    return {int(row[0]) for row in rows}
+    return trials_with_heartbeat(storage, trial_ids)
 
 
 def _expired_reason(

@@ -80,16 +80,9 @@ def start_storage_proxy(
 
 
 def _make_server(storage: optuna.storages.BaseStorage, host: str, port: int) -> grpc.Server:
-    from concurrent.futures import ThreadPoolExecutor
+    from optuna_hpcnas._records import grpc_proxy_server
 
-    import grpc
-    from optuna.storages._grpc.auto_generated import api_pb2_grpc
-    from optuna.storages._grpc.servicer import OptunaStorageProxyService
-
-    server = grpc.server(ThreadPoolExecutor(max_workers=10), options=[("grpc.so_reuseport", 0)])
-    api_pb2_grpc.add_StorageServiceServicer_to_server(OptunaStorageProxyService(storage), server)
-    server.add_insecure_port(f"{host}:{port}")
-    return server
+    return grpc_proxy_server(storage, host, port)
 
 
 def run_storage_proxy(

@@ -16,8 +16,8 @@ import numpy as np
 from optuna.samplers import BaseSampler
 
 from optuna_hpcnas import _keys
+from optuna_hpcnas._records import process_constraints_after_trial
 from optuna_hpcnas.samplers import _proposals
-from optuna_hpcnas.samplers._compat import process_constraints_after_trial
 from optuna_hpcnas.samplers._evolution import _variation
 from optuna_hpcnas.samplers._evolution._cache import StudyCache
 from optuna_hpcnas.samplers._evolution._screening import Features
@@ -477,45 +477,7 @@ class EvolutionarySampler(BaseSampler):
             return origin, randoms()
         first, second = parents
         if self._surrogate is not None and second is None:
-
-            def around(params: dict[str, Any]) -> list[dict[str, Any]]:
-                # Neighbour lists are exact and reused (architectures never change).
-                key = key_fn(params)
-                if key not in cache.neighbour_lists:
-                    arch = self._architecture(space, params)
-                    found = [] if arch is None else _variation.neighbours(space, arch)
-                    cache.neighbour_lists[key] = found
-                return cache.neighbour_lists[key]
-
-            def mutant(params: dict[str, Any]) -> dict[str, Any]:
-                first_step = around(params)
-                if not first_step:
-                    return params
-                step = first_step[int(rng.integers(len(first_step)))]
-                second_step = around(step)
-                return second_step[int(rng.integers(len(second_step)))] if second_step else step
-
-            pool_random = random_child
-            if avoid and cache.space_cardinality <= _ENUMERABLE:
-                left = cache.unseen(
-                    lambda: [(key_fn(p), p) for p in map(space.to_params, space.enumerate())]
-                )
-                if left:
-
-                    def pool_random() -> dict[str, Any]:
-                        return dict(left[int(rng.integers(len(left)))])
-
-            screened = self._screened(
-                cache,
-                first,
-                dict(cache.space_distributions or {}),
-                around,
-                mutant,
-                pool_random,
-                key_fn,
-                lambda key: avoid and cache.is_seen(key),
-                rng,
-            )
+            screened = self._screened_child(cache, space, rng, first, key_fn, avoid, random_child)
             if screened is not None:
                 origin.update(operation="screened", parent=first.number)
                 origin["params"] = screened[0]
@@ -546,6 +508,77 @@ class EvolutionarySampler(BaseSampler):
             origin["operation"] = "neighbour"
             origin["params"] = order[0]
             return origin, iter(order[1:] + [random_child() for _ in range(4)])
+        return self._unseen_child(cache, space, rng, key_fn, avoid, random_child)
+
+    def _screened_child(
+        self,
+        cache: StudyCache,
+        space: HierarchicalSearchSpace,
+        rng: np.random.Generator,
+        first: Member,
+        key_fn: Callable[[dict[str, Any]], Any],
+        avoid: bool,
+        random_child: Callable[[], dict[str, Any]],
+    ) -> list[dict[str, Any]] | None:
+        """Surrogate-screened local search around ``first``: the candidates in order of
+        preference (``None`` when screening has nothing to rank)."""
+
+        def around(params: dict[str, Any]) -> list[dict[str, Any]]:
+            # Neighbour lists are exact and reused (architectures never change).
+            key = key_fn(params)
+            if key not in cache.neighbour_lists:
+                arch = self._architecture(space, params)
+                found = [] if arch is None else _variation.neighbours(space, arch)
+                cache.neighbour_lists[key] = found
+            return cache.neighbour_lists[key]
+
+        def mutant(params: dict[str, Any]) -> dict[str, Any]:
+            first_step = around(params)
+            if not first_step:
+                return params
+            step = first_step[int(rng.integers(len(first_step)))]
+            second_step = around(step)
+            return second_step[int(rng.integers(len(second_step)))] if second_step else step
+
+        pool_random = random_child
+        if avoid and cache.space_cardinality <= _ENUMERABLE:
+            left = cache.unseen(
+                lambda: [(key_fn(p), p) for p in map(space.to_params, space.enumerate())]
+            )
+            if left:
+
+                def pool_random() -> dict[str, Any]:
+                    return dict(left[int(rng.integers(len(left)))])
+
+        screened = self._screened(
+            cache,
+            first,
+            dict(cache.space_distributions or {}),
+            around,
+            mutant,
+            pool_random,
+            key_fn,
+            lambda key: avoid and cache.is_seen(key),
+            rng,
+        )
+        return screened
+
+    def _unseen_child(
+        self,
+        cache: StudyCache,
+        space: HierarchicalSearchSpace,
+        rng: np.random.Generator,
+        key_fn: Callable[[dict[str, Any]], Any],
+        avoid: bool,
+        random_child: Callable[[], dict[str, Any]],
+    ) -> tuple[dict[str, Any], Iterator[dict[str, Any]]]:
+        """No child from the parents: an unseen architecture drawn exactly (small spaces) or
+        at random."""
+
+        def randoms() -> Iterator[dict[str, Any]]:
+            while True:
+                yield random_child()
+
         origin = _random_origin()
         if avoid and cache.space_cardinality <= _ENUMERABLE:
             # A small space: draw exactly among the architectures never seen.
