@@ -351,15 +351,9 @@ def _optimizer(
     name: str, params: list[Any], lr: float, weight_decay: float, momentum: float
 ) -> torch.optim.Optimizer:
     """A torch optimizer (DeepSpeed's config ``"Adam"`` would compile ``fused_adam``)."""
-    import torch
+    from optuna_hpcnas.supernet._training import torch_optimizer
 
-    if name == "sgd":
-        return torch.optim.SGD(
-            params, lr=lr, momentum=momentum, nesterov=momentum > 0, weight_decay=weight_decay
-        )
-    if name != "adam":
-        raise ValueError(f"`optimizer` is {name!r}, but must be 'adam' or 'sgd'.")
-    return torch.optim.Adam(params, lr=lr, weight_decay=weight_decay)
+    return torch_optimizer(name, params, lr=lr, momentum=momentum, weight_decay=weight_decay)
 
 
 def _autocast_dtype(precision: str, device: str) -> torch.dtype | None:

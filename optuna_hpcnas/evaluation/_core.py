@@ -238,13 +238,13 @@ class FineTuning:
     grad_clip: float
 
     def build(self, params: Any) -> torch.optim.Optimizer:
-        if self.optimizer == "adam":
-            return torch.optim.Adam(params, lr=self.lr, weight_decay=self.weight_decay)
-        return torch.optim.SGD(
+        from optuna_hpcnas.supernet._training import torch_optimizer
+
+        return torch_optimizer(
+            self.optimizer,
             params,
             lr=self.lr,
             momentum=self.momentum,
-            nesterov=self.momentum > 0,
             weight_decay=self.weight_decay,
         )
 

@@ -149,17 +149,30 @@ def recalibrate_batch_norm(
     return used
 
 
+def torch_optimizer(
+    name: str, params: Iterable[Any], *, lr: float, momentum: float, weight_decay: float
+) -> torch.optim.Optimizer:
+    """``"adam"`` (Adam with L2) or ``"sgd"`` (Nesterov when ``momentum > 0``): the one
+    optimizer factory of the supernet, the fine-tuning core and the engines (a torch
+    optimizer also keeps DeepSpeed from compiling ``fused_adam``)."""
+    if name == "adam":
+        return torch.optim.Adam(params, lr=lr, weight_decay=weight_decay)
+    if name != "sgd":
+        raise ValueError(f"`optimizer` is {name!r}, but must be 'adam' or 'sgd'.")
+    return torch.optim.SGD(
+        params, lr=lr, momentum=momentum, nesterov=momentum > 0, weight_decay=weight_decay
+    )
+
+
 def make_optimizer(
     params: Iterable[nn.Parameter], config: SupernetTrainingConfig
 ) -> torch.optim.Optimizer:
     """The fp32 optimizer of ``config`` (its state stays fp32 under autocast)."""
-    if config.optimizer == "adam":
-        return torch.optim.Adam(params, lr=config.lr, weight_decay=config.weight_decay)
-    return torch.optim.SGD(
+    return torch_optimizer(
+        config.optimizer,
         params,
         lr=config.lr,
         momentum=config.momentum,
-        nesterov=config.momentum > 0,
         weight_decay=config.weight_decay,
     )
 
