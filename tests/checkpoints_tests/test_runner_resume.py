@@ -97,14 +97,20 @@ def _states(db: Path) -> dict[int, str]:
 
 
 def _has_heartbeat(db: Path, trial_id: int) -> bool:
+    """A heartbeat, and the whole architecture suggested: the trial is being evaluated (the
+    heartbeat starts when the trial is taken, before the sampler has suggested it)."""
     with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=30) as con:
         try:
             rows = con.execute(
                 "SELECT 1 FROM trial_heartbeats WHERE trial_id = ?", (trial_id,)
             ).fetchall()
+            arch = con.execute(
+                "SELECT 1 FROM trial_user_attributes WHERE trial_id = ? AND key = 'arch'",
+                (trial_id,),
+            ).fetchall()
         except sqlite3.OperationalError:
             return False
-    return bool(rows)
+    return bool(rows) and bool(arch)
 
 
 def _wait_mid_trial(proc: subprocess.Popen[bytes], db: Path, *, completed: int) -> int:
