@@ -51,11 +51,20 @@ def _load_config(path: str, overrides: Any = None) -> Any:
         raise CLIError(str(e)) from None
 
 
+def _given_config(args: argparse.Namespace) -> Any:
+    """The ``--config`` file of a reading command, parsed once (``None`` without one)."""
+    if not getattr(args, "config", None):
+        return None
+    if getattr(args, "parsed_config", None) is None:
+        args.parsed_config = _load_config(args.config)
+    return args.parsed_config
+
+
 def resolve_storage(args: argparse.Namespace) -> tuple[str, str | None]:
     """``(storage URL, study name or None)``: ``--storage``, then the config's ``[study]``
     (which falls back to ``OPTUNA_STORAGE`` and the default SQLite file), then
     ``OPTUNA_STORAGE``."""
-    config = _load_config(args.config) if getattr(args, "config", None) else None
+    config = _given_config(args)
     storage = args.storage or (config.study.resolved_storage() if config else None)
     storage = storage or os.environ.get(STORAGE_ENV)
     if not storage:
@@ -71,34 +80,23 @@ def check_storage(url: str, *, must_exist: bool) -> Any:
     """Open the storage of ``url`` (every Optuna storage, as optuna-dashboard spells them:
     RDB URLs, a journal file path, ``redis://``, ``grpc://``), or refuse one that cannot be a
     study's: a missing file (when reading), a directory, a file that is not a database or a
-    journal, an unreachable server. One line, and no file is created."""
+    journal, an unreachable server (``open_storage`` checks all but the first). One line, and
+    no file is created."""
     from optuna_hpcnas._records import sqlite_path
     from optuna_hpcnas.storages import open_storage
     from optuna_hpcnas.storages import storage_kind
     from optuna_hpcnas.storages import StorageError
 
-    path = sqlite_path(url)
-    if path is not None:
-        file = Path(path)
-        if file.is_dir():
-            raise CLIError(f"storage {url}: {path!r} is a directory, not a SQLite file")
-        if must_exist and not file.exists():
+    if must_exist:  # reading a study: never create an empty storage
+        path = sqlite_path(url)
+        if path is not None and not Path(path).exists():
             raise CLIError(f"storage {url}: no such SQLite file {path!r}")
-        if not file.parent.is_dir():
-            raise CLIError(f"storage {url}: the directory of {path!r} does not exist")
-        if file.exists() and file.stat().st_size and not _is_sqlite_file(file):
-            raise CLIError(f"storage {url}: {path!r} is not a SQLite database")
-    elif must_exist and storage_kind(url) == "journal-file" and not Path(url).exists():
-        raise CLIError(f"storage {url}: no such journal file")
+        if path is None and storage_kind(url) == "journal-file" and not Path(url).exists():
+            raise CLIError(f"storage {url}: no such journal file")
     try:
         return open_storage(url)
     except StorageError as e:
         raise CLIError(str(e)) from None
-
-
-def _is_sqlite_file(file: Path) -> bool:
-    with open(file, "rb") as f:
-        return f.read(16) == b"SQLite format 3\x00"
 
 
 def load_study(args: argparse.Namespace) -> optuna.Study:
@@ -342,7 +340,7 @@ def _run_data(args: argparse.Namespace, study: optuna.Study) -> Any:
     from optuna_hpcnas.data import DataError
 
     if getattr(args, "config", None):
-        data = _load_config(args.config).data
+        data = _given_config(args).data
     else:
         recorded = run_data_of(study)
         if recorded is None:
@@ -360,7 +358,8 @@ def _run_data(args: argparse.Namespace, study: optuna.Study) -> Any:
 def _export_recipe(args: argparse.Namespace) -> Any:
     from dataclasses import replace
 
-    recipe = _load_config(args.config).export if getattr(args, "config", None) else None
+    config = _given_config(args)
+    recipe = config.export if config is not None else None
     if recipe is None:
         from optuna_hpcnas.evaluation import ScratchTrainingConfig
 

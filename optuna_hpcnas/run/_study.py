@@ -112,11 +112,11 @@ def _create(config: RunConfig, storage: Any, *, seed_offset: int) -> optuna.Stud
     if len(config.directions) > 1 or config.objective.objectives != ("accuracy",):
         study.set_metric_names(list(config.objective.objectives))
     _records.record_run_data(study, config.data.to_dict())
-    add_budget(study, config)
+    queue_budget(study, config)
     return study
 
 
-def add_budget(study: optuna.Study, config: RunConfig) -> None:
+def queue_budget(study: optuna.Study, config: RunConfig) -> None:
     """Queue the run's budget, or resume an interrupted run's queue without adding to it."""
     from optuna.trial import TrialState
 

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 import warnings
 
 from optuna_hpcnas import _keys
+from optuna_hpcnas._records import trials_with_heartbeat
 
 if TYPE_CHECKING:
     import optuna
@@ -167,12 +168,6 @@ def lease_expiry(trial: optuna.trial.FrozenTrial) -> float | None:
     return float(expires)
 
 
-def _trials_with_heartbeat(storage: optuna.storages.BaseStorage, trial_ids: list[int]) -> set[int]:
-    from optuna_hpcnas._records import trials_with_heartbeat
-
-    return trials_with_heartbeat(storage, trial_ids)
-
-
 def _expired_reason(
     trial: optuna.trial.FrozenTrial, has_heartbeat: bool, grace_period: float, now: float
 ) -> str | None:
@@ -239,7 +234,7 @@ def recover_expired_trials(
         raise ValueError(f"`max_retry` is {max_retry}, but must be >= 0.")
     storage = study._storage
     running = storage.get_all_trials(study._study_id, deepcopy=False, states=(TrialState.RUNNING,))
-    with_heartbeat = _trials_with_heartbeat(storage, [t._trial_id for t in running])
+    with_heartbeat = trials_with_heartbeat(storage, [t._trial_id for t in running])
     now = time.time()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ExperimentalWarning)

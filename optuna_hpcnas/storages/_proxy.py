@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 import warnings
 
 from optuna_hpcnas._cli_util import mask_url
+from optuna_hpcnas._records import grpc_proxy_server
 from optuna_hpcnas.storages._open import describe_storage
 from optuna_hpcnas.storages._open import open_storage
 from optuna_hpcnas.storages._open import storage_kind
@@ -22,7 +23,6 @@ from optuna_hpcnas.storages._open import StorageError
 
 if TYPE_CHECKING:
     import grpc
-    import optuna
 
 _logger = logging.getLogger(__name__)
 
@@ -71,18 +71,12 @@ def start_storage_proxy(
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ExperimentalWarning)
-            server = _make_server(storage, host, port)
+            server = grpc_proxy_server(storage, host, port)
     except RuntimeError as e:
         raise StorageError(f"Cannot serve {describe_storage(url)} on {host}:{port}: {e}") from None
     server.start()
     _logger.info("gRPC storage proxy for %s listening on %s:%d", mask_url(url), host, port)
     return server
-
-
-def _make_server(storage: optuna.storages.BaseStorage, host: str, port: int) -> grpc.Server:
-    from optuna_hpcnas._records import grpc_proxy_server
-
-    return grpc_proxy_server(storage, host, port)
 
 
 def run_storage_proxy(
