@@ -114,26 +114,26 @@ def main() -> None:
     )
     for r in results:
         tps = r["trials"] / r["window"]
-        loop_share = [
-            x["shares"]["compute"] * x["wall_seconds"] / x["loop_seconds"] for x in r["ranks"]
-        ]
+        loop_share = [x["loop_shares"]["compute"] for x in r["ranks"]]
         wall_share = [x["shares"]["compute"] for x in r["ranks"]]
         print(
             f"{r['n']:>5} {r['trials']:>6} {r['window']:8.1f} {tps:8.3f} {tps / base:8.2f}x "
             f"{r['wall']:6.1f} {min(loop_share):6.1%}-{max(loop_share):6.1%} "
             f"{min(wall_share):6.1%}-{max(wall_share):6.1%} {r['sync_bytes'] / 1e6:8.2f}"
         )
-    print("\nper rank (share of the rank's wall time, start-up included):")
-    cats = ["compute", "setup", "storage", "sampler", "communication", "idle", "other"]
-    print(f"{'ranks':>5} {'rank':>4} " + " ".join(f"{c[:7]:>7}" for c in cats))
-    for r in results:
-        for x in r["ranks"]:
-            print(
-                f"{r['n']:>5} {x['rank']:>4} " + " ".join(f"{x['shares'][c]:7.1%}" for c in cats)
-            )
+    cats = ["compute", "setup", "storage", "sampler", "communication", "idle", "drain", "other"]
+    for title, key in (("search loop", "loop_shares"), ("whole process", "shares")):
+        print(f"\nper rank, share of the {title} (as `hpcnas status` and the run's log print it):")
+        print(f"{'ranks':>5} {'rank':>4} {'seconds':>7} " + " ".join(f"{c[:7]:>7}" for c in cats))
+        for r in results:
+            for x in r["ranks"]:
+                seconds = x["loop_seconds"] if key == "loop_shares" else x["wall_seconds"]
+                shares = " ".join(f"{x[key].get(c, 0.0):7.1%}" for c in cats)
+                print(f"{r['n']:>5} {x['rank']:>4} {seconds:7.1f} {shares}")
     print(
-        "\ncompute (loop) = compute seconds / seconds inside the search loop (after imports, "
-        "model and study set-up); compute (wall) = over the whole process."
+        "\nsearch loop = from the rank's first ask to its last trial (after imports, model, "
+        "study set-up and warm-up; before the drain: the last writes and waiting for the other "
+        "ranks' last trials); whole process = from start to exit."
     )
 
 

@@ -110,6 +110,22 @@ def pop_waiting_trial(study: optuna.Study, *, sqlite_path: str | None) -> optuna
     return None if trial_id is None else optuna.trial.Trial(study, trial_id)
 
 
+def return_to_queue(trial: optuna.Trial) -> bool:
+    """Put a RUNNING trial that was asked but never evaluated back in the queue (WAITING).
+
+    It keeps the parameters its ask suggested, so whoever pops it next evaluates the same
+    architecture (Optuna's ``Trial`` returns a parameter already set instead of sampling).
+    Returns ``False`` if the trial had already finished (another worker recovered it).
+    """
+    from optuna.exceptions import UpdateFinishedTrialError
+    from optuna.trial import TrialState
+
+    try:
+        return bool(trial.storage.set_trial_state_values(trial._trial_id, TrialState.WAITING))
+    except UpdateFinishedTrialError:
+        return False
+
+
 @contextlib.contextmanager
 def _file_lock(path: str | None) -> Iterator[None]:
     """Serialise popping among the processes of one SQLite file.
@@ -199,14 +215,17 @@ def utilisation_from_study(study: optuna.Study) -> list[dict[str, Any]]:
 
 
 def compute_shares(study: optuna.Study) -> dict[int, float]:
-    """Rank -> share of wall time spent computing, from the last run."""
+    """Rank -> share of its search loop spent computing, from the last run (the figure
+    ``bench/distributed_throughput.py`` prints; runs stored before loops were measured give
+    the share of the whole process)."""
     runs = utilisation_from_study(study)
     if not runs or not isinstance(runs[-1], dict):
         return {}
-    return {
-        int(r.get("rank", i)): float(r.get("shares", {}).get("compute", 0.0))
-        for i, r in enumerate(runs[-1].get("ranks", []))
-    }
+    out = {}
+    for i, r in enumerate(runs[-1].get("ranks", [])):
+        shares = r.get("loop_shares") or r.get("shares", {})
+        out[int(r.get("rank", i))] = float(shares.get("compute", 0.0))
+    return out
 
 
 def group_of(trial: FrozenTrial) -> int:

@@ -197,7 +197,7 @@ def study_status(study: optuna.Study) -> dict[str, Any]:
         out["mean_concurrency"] = (sum(durations) / elapsed) if elapsed > 0 else None
         out["trials_per_minute"] = (len(finished) / elapsed * 60) if elapsed > 0 else None
         out["mean_evaluation_seconds"] = (sum(durations) / len(durations)) if durations else None
-    shares = compute_shares(study)  # the last run's per-rank share of wall time computing
+    shares = compute_shares(study)  # the last run's per-rank share of its loop computing
     if shares:
         out["utilisation"] = {str(rank): share for rank, share in shares.items()}
     completed = [t for t in trials if t.state == TrialState.COMPLETE]
@@ -244,8 +244,8 @@ def _cmd_status(args: argparse.Namespace) -> int:
         if info["mean_concurrency"] is not None:
             print(f"utilisation  {info['mean_concurrency']:.2f} evaluations running on average")
     if "utilisation" in info:
-        shares = "  ".join(f"rank {k}: {100 * v:.0f}%" for k, v in info["utilisation"].items())
-        print(f"compute      {shares}")
+        shares = "  ".join(f"rank {k}: {100 * v:.1f}%" for k, v in info["utilisation"].items())
+        print(f"compute      {shares}  (of each rank's search loop, last run)")
     if "best" in info:
         b = info["best"]
         print(f"best         trial {b['trial']}  {b['values'][0]:.6g}  {b['architecture']}")

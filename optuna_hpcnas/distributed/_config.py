@@ -40,6 +40,11 @@ class DistributedConfig:
             asks ``lookahead`` candidates and runs the one with the most predicted FLOPs
             first).
         lookahead: Candidates the cost-aware scheduler considers.
+        ask_ahead: ``"on"``: a leader asks for its next trial (pop, sampler, heartbeat) on
+            its storage thread while the current one trains, so the sampler sees every
+            finished trial but the running ones; ``"off"``: it asks after the tell, as
+            ``study.optimize`` does; ``"auto"``: on with several groups, off with one (a
+            one-process ``hpcnas run`` then samples exactly as the Python API).
     """
 
     group_size: int = 1
@@ -55,6 +60,7 @@ class DistributedConfig:
     shm_op: str = "skip"
     scheduler: str = "dynamic"
     lookahead: int = 4
+    ask_ahead: str = "auto"
 
     def __post_init__(self) -> None:
         check_int("group_size", self.group_size, 0)
@@ -65,6 +71,7 @@ class DistributedConfig:
         if self.zero_stage > 3:
             raise ValueError(f"`zero_stage` is {self.zero_stage}, but must be 0, 1, 2 or 3.")
         check_choice("engine", self.engine, ENGINES)
+        check_choice("ask_ahead", self.ask_ahead, ("auto", "on", "off"))
         check_choice("backend", self.backend, BACKENDS)
         if not isinstance(self.master_addr, str):
             raise TypeError(f"`master_addr` must be a string, but got {self.master_addr!r}.")

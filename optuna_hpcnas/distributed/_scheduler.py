@@ -128,6 +128,13 @@ class DynamicScheduler(BaseScheduler):
     def __len__(self) -> int:
         return len(self._queue) + len(self._window)
 
+    def take_waiting(self) -> list[Task]:
+        """Remove and return every task not handed out yet (to give them back at a stop)."""
+        tasks = [*self._queue, *(entry[2] for entry in sorted(self._window))]
+        self._queue.clear()
+        self._window.clear()
+        return tasks
+
     def next_task(self, group: int, now: float) -> Task | None:
         self._check_group(group)
         if not self._cost_aware:

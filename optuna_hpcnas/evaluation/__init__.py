@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from optuna_hpcnas.evaluation._core import TrialEvaluator
     from optuna_hpcnas.evaluation._core import TrialLink
     from optuna_hpcnas.evaluation._core import TrialPlan
+    from optuna_hpcnas.evaluation._core import verdict_needed
     from optuna_hpcnas.evaluation._latency import LatencyPredictor
     from optuna_hpcnas.evaluation._measure import count_flops
     from optuna_hpcnas.evaluation._measure import count_parameters
@@ -49,6 +50,7 @@ _LAZY = {
     "TrialEvaluator": "optuna_hpcnas.evaluation._core",
     "TrialLink": "optuna_hpcnas.evaluation._core",
     "TrialPlan": "optuna_hpcnas.evaluation._core",
+    "verdict_needed": "optuna_hpcnas.evaluation._core",
     "LatencyPredictor": "optuna_hpcnas.evaluation._latency",
     "count_flops": "optuna_hpcnas.evaluation._measure",
     "count_parameters": "optuna_hpcnas.evaluation._measure",
@@ -84,4 +86,5 @@ __all__ = [
     "report_epoch",
     "train_from_scratch",
     "train_model",
+    "verdict_needed",
 ]

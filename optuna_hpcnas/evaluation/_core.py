@@ -226,6 +226,19 @@ def report_epoch(
     return Decision.PRUNE
 
 
+def verdict_needed(pruner: object, values: Mapping[int, float], *, maximize: bool) -> bool:
+    """Whether ``pruner``'s verdict on a trial with these intermediate values could be
+    anything but "continue": never for a ``NopPruner``; a ``StagedPruner`` judges from the
+    trial's own values (``StagedPruner.may_prune``); any other pruner is always asked."""
+    from optuna.pruners import NopPruner
+
+    if isinstance(pruner, NopPruner):
+        return False
+    if isinstance(pruner, StagedPruner):
+        return pruner.may_prune(values, maximize=maximize)
+    return True
+
+
 @dataclass(frozen=True)
 class FineTuning:
     """How an engine builds the candidate's optimizer (the learning rate comes per batch)."""

@@ -249,6 +249,25 @@ class StagedPruner(BasePruner):
                 return True
         return False
 
+    def may_prune(self, intermediate_values: Mapping[int, float], *, maximize: bool) -> bool:
+        """Whether :meth:`prune` could return ``True`` for a trial with these intermediate
+        values, judged from the trial's own values only (``False``: it surely continues).
+
+        The runner reports such epochs without waiting for the storage. This mirrors
+        :meth:`prune`'s three stops: no finite value, a patience stop, a stage boundary
+        (the only one that needs other trials).
+        """
+        if not intermediate_values:
+            return False
+        step = max(intermediate_values)
+        finite = [(s, v) for s, v in intermediate_values.items() if math.isfinite(v)]
+        if not finite:
+            return True
+        plan = self._plan
+        if plan.patience and self._stalled(finite, step, maximize):
+            return True
+        return step in plan.boundaries and plan.stage_index(step) < len(plan.stages) - 1
+
     def _stalled(self, finite: list[tuple[int, float]], step: int, maximize: bool) -> bool:
         patience, delta = self._plan.patience, self._plan.min_delta
         before = [v for s, v in finite if s <= step - patience]

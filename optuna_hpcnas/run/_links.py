@@ -17,10 +17,14 @@ from optuna_hpcnas.evaluation import Decision
 from optuna_hpcnas.evaluation import OptunaTrialLink
 from optuna_hpcnas.evaluation import report_epoch
 from optuna_hpcnas.evaluation import TrialPlan
+from optuna_hpcnas.evaluation import verdict_needed
 
 if TYPE_CHECKING:
+    import optuna
+
     from optuna_hpcnas.distributed import GroupChannel
     from optuna_hpcnas.distributed import UtilisationTracker
+    from optuna_hpcnas.run._storage_thread import StorageThread
     from optuna_hpcnas.search_space import Architecture
 
 T = TypeVar("T")
@@ -31,7 +35,13 @@ def _first_fault(faults: list[str | None]) -> str | None:
 
 
 class LeaderLink:
-    """``TrialLink`` of the group leader: the trial's link plus the group's collectives."""
+    """``TrialLink`` of the group leader: the trial's link plus the group's collectives.
+
+    Its storage writes go to the leader's ``StorageThread`` in order; it waits for a report
+    only when the pruner's verdict could be "stop" (``verdict_needed``), so the decisions
+    are the ones a synchronous loop takes. ``population`` is the one read at the ask, when
+    the storage thread fetched it there.
+    """
 
     def __init__(
         self,
@@ -39,12 +49,18 @@ class LeaderLink:
         channel: GroupChannel,
         comm: Any,
         tracker: UtilisationTracker,
+        storage: StorageThread,
+        *,
+        population: list[Architecture] | None = None,
     ) -> None:
         self._inner = inner
         self._channel = channel
         self._comm = comm
         self._tracker = tracker
+        self._storage = storage
+        self._population = population
         self._pending: dict[str, Any] = {}
+        self._reported: dict[int, float] = {}
         self.number = inner.number
         self.plan = inner.plan
 
@@ -52,25 +68,29 @@ class LeaderLink:
     def is_leader(self) -> bool:
         return True
 
+    @property
+    def trial(self) -> optuna.Trial:
+        return self._inner.trial
+
     def record(self, attrs: Mapping[str, Any]) -> None:
         # Kept until the trial is told (``flush``): one storage write per key instead of one
         # per key and epoch; nobody reads them before the result.
         self._pending.update(attrs)
 
     def flush(self) -> None:
-        """Write the user attributes recorded so far (before the trial is told)."""
+        """Write the user attributes recorded so far (on the storage thread, before the
+        trial is told)."""
         if self._pending:
-            with self._tracker.track("storage"):
-                self._inner.record(self._pending)
+            self._inner.record(self._pending)
             self._pending = {}
 
     def constrain(self, name: str, value: float) -> None:
-        with self._tracker.track("storage"):
-            self._inner.constrain(name, value)
+        self._storage.submit(self._inner.constrain, name, value)
 
     def population(self, size: int) -> list[Architecture]:
-        with self._tracker.track("storage"):
-            return self._inner.population(size)
+        if self._population is not None:  # read by the ask, with the same size
+            return self._population
+        return self._storage.wait(self._storage.submit(self._inner.population, size))
 
     def share(self, value: T) -> T:
         with self._tracker.track("communication"):
@@ -81,11 +101,24 @@ class LeaderLink:
     ) -> tuple[Decision, str | None]:
         with self._tracker.track("communication"):
             fault = _first_fault(self._comm.allgather(fault))
-        with self._channel.leader_section(f"reporting epoch {epoch}"):
-            with self._tracker.track("storage"):
-                decision = report_epoch(self._inner.trial, self.plan, epoch, value, fault)
+        decision = self._report(epoch, value, fault)
         with self._tracker.track("communication"):
             return self._channel.share(decision), fault
+
+    def _report(self, epoch: int, value: float | None, fault: str | None) -> Decision:
+        """``report_epoch`` on the storage thread; its verdict is awaited only when it could
+        be anything but "continue"."""
+        if fault is not None:
+            return Decision.FAIL
+        if not self.plan.report or value is None:
+            return Decision.CONTINUE
+        self._reported[epoch] = value
+        future = self._storage.submit(report_epoch, self.trial, self.plan, epoch, value, None)
+        pruner = self.trial.study.pruner
+        if not verdict_needed(pruner, self._reported, maximize=self.plan.maximize):
+            return Decision.CONTINUE
+        with self._channel.leader_section(f"reporting epoch {epoch}"):
+            return self._storage.wait(future)
 
 
 class FollowerLink:

@@ -1,12 +1,16 @@
 """The evaluation loop of one group: pull the next trial, evaluate it with the core, tell.
 
-Leader::
+Leader, main thread::
 
-    pop a budget trial (or ask) -> suggest the architecture (the sampler runs here)
-    -> layout larger than the group? constraint + worst values, pull again
-    -> share the TrialTask with the group
+    next task (the ask, done on the storage thread) -> share the TrialTask with the group
     every rank: TrialEvaluator.evaluate(arch, link, GroupEngine)   (the one core)
-    leader: tell -> average shared weights between groups -> checkpoints
+    leader: queue the tell -> average shared weights between groups -> checkpoints
+
+Leader, storage thread (``StorageThread``, first in first out): pop a budget trial (or ask)
+-> heartbeat or lease -> suggest the architecture (the sampler runs here) -> layout larger
+than the group? constraint + worst values, pull again -> the population; the trial's reports,
+attributes and tell. With ``ask_ahead`` the next ask is queued as soon as a trial starts, so
+it overlaps the trial's compute; otherwise after the tell, as ``study.optimize`` asks.
 
 Only the leader touches the storage; the others get every task and decision by broadcast.
 """
@@ -14,7 +18,9 @@ Only the leader touches the storage; the others get every task and decision by b
 from __future__ import annotations
 
 from collections.abc import Callable
+from concurrent.futures import Future
 import contextlib
+from dataclasses import dataclass
 import logging
 import math
 import time
@@ -27,11 +33,13 @@ from optuna_hpcnas.distributed import DynamicScheduler
 from optuna_hpcnas.distributed import Stop
 from optuna_hpcnas.distributed import Task
 from optuna_hpcnas.distributed import TrialTask
+from optuna_hpcnas.distributed import UtilisationTracker
 from optuna_hpcnas.evaluation import OptunaTrialLink
 from optuna_hpcnas.evaluation import Outcome
 from optuna_hpcnas.evaluation import TrialPlan
 from optuna_hpcnas.run._links import FollowerLink
 from optuna_hpcnas.run._links import LeaderLink
+from optuna_hpcnas.run._storage_thread import StorageThread
 from optuna_hpcnas.run._study import grace_period
 from optuna_hpcnas.run._study import recover_dead_trials
 
@@ -41,7 +49,6 @@ if TYPE_CHECKING:
     from optuna_hpcnas.config import RunConfig
     from optuna_hpcnas.distributed import EvaluationGroup
     from optuna_hpcnas.distributed import GroupChannel
-    from optuna_hpcnas.distributed import UtilisationTracker
     from optuna_hpcnas.distributed._group_engine import GroupEngine
     from optuna_hpcnas.evaluation import TrialEvaluator
     from optuna_hpcnas.search_space import Architecture
@@ -101,6 +108,10 @@ class GroupLoop:
         self._start = time.monotonic()
         self._sqlite = _records.sqlite_path(config.study.resolved_storage())
         self._scheduler = self._make_scheduler() if group.is_leader else None
+        self._storage = StorageThread(tracker) if group.is_leader else None
+        self._asking: Future[_Taken | None] | None = None  # the ask queued on that thread
+        self._exhausted = False  # an ask found no trial left
+        self._ask_ahead = _asks_ahead(config, group)
         # heartbeat or lease of every trial this leader took, from its pop to its tell
         self._alive: dict[int, contextlib.ExitStack] = {}
         self._grace = grace_period(config)
@@ -110,63 +121,91 @@ class GroupLoop:
         cost_aware = self.config.distributed.scheduler == "cost_aware"
         return DynamicScheduler(
             num_groups=1,
-            source=self._pull,
+            source=self._next_taken,
             cost_aware=cost_aware,
             lookahead=self.config.distributed.lookahead if cost_aware else 1,
         )
 
+    @property
+    def storage_thread_seconds(self) -> dict[str, float]:
+        """Busy seconds of the leader's storage thread by category (they overlap compute)."""
+        if self._storage is None:
+            return {}
+        return {k: v for k, v in self._storage.tracker.seconds.items() if v > 0}
+
     # ------------------------------------------------------------------ the loop
     def run(self) -> None:
+        """The loop, inside the tracker's loop window: it ends with the rank's last trial;
+        the storage thread's last writes are waited for after it (``drain``)."""
         try:
-            self._run()
-        finally:  # a signal or an error: stop the heartbeat and lease threads
-            for stack in self._alive.values():
-                stack.close()
-            self._alive.clear()
+            with self.tracker.loop():
+                self._run()
+            if self._storage is not None:
+                with self.channel.leader_section("writing the last results"):
+                    self._storage.drain()
+        finally:  # also on a signal or an error: no finished result is dropped
+            self._close()
+
+    def _close(self) -> None:
+        if self._storage is not None:
+            self._storage.close()  # the queued writes (the last tell) finish first
+            self._give_back()
+        for stack in self._alive.values():  # the heartbeat and lease threads
+            stack.close()
+        self._alive.clear()
 
     def _run(self) -> None:
         while True:
             message: Any = None
             task: Task | None = None
             if self.group.is_leader:
-                assert self._scheduler is not None
                 with self.channel.leader_section("while asking for the next trial"):
-                    task = self._scheduler.next_task(0, time.monotonic())
+                    task = self._next_task()
                 message = Stop() if task is None else self._message(task)
             with self.tracker.track("idle"):
                 message = self.channel.share(message)
             if isinstance(message, Stop):
                 return
             if task is not None:
-                self._lead(task.key[0], message)
+                self._lead(task.key, message)
             else:
                 self._follow(message)
 
+    def _next_task(self) -> Task | None:
+        assert self._scheduler is not None and self._storage is not None
+        self._storage.check()  # an earlier write's error is raised here, in the section
+        if self._timed_out():
+            return None
+        return self._scheduler.next_task(0, time.monotonic())
+
     def _message(self, task: Task) -> TrialTask:
-        trial, arch, plan = task.key
+        taken: _Taken = task.key
         return TrialTask(
-            trial_number=trial.number, architecture=arch.to_json(), plan=plan.to_dict()
+            trial_number=taken.trial.number,
+            architecture=taken.arch.to_json(),
+            plan=taken.plan.to_dict(),
         )
 
-    def _lead(self, trial: optuna.Trial, message: TrialTask) -> None:
-        from optuna_hpcnas.search_space import Architecture
-
-        arch = Architecture.from_json(message.architecture)
+    def _lead(self, taken: _Taken, message: TrialTask) -> None:
+        assert self._storage is not None
+        trial, arch = taken.trial, taken.arch
         link = LeaderLink(
-            OptunaTrialLink(trial, TrialPlan.from_dict(message.plan)),
+            OptunaTrialLink(trial, taken.plan),
             self.channel,
             self.group.comm,
             self.tracker,
+            self._storage,
+            population=taken.population,
         )
         watch = self.watch(trial) if self.watch is not None else contextlib.nullcontext()
         with watch:
             with self.tracker.track("compute"):
                 outcome = self.core.evaluate(arch, link, self.engine, on_step=self.on_step)
-        with self.channel.leader_section("telling the result"):
-            link.flush()
-            self._tell(trial, arch, outcome)
+        told = self._storage.submit(self._tell, link, arch, outcome)
         if self.after_trial is not None:
             with self.channel.leader_section("after the trial"):
+                if self.config.checkpoints.enabled:  # the policy reads the told trial
+                    self._storage.wait(told)
                 self.after_trial(trial._trial_id)
 
     def _follow(self, message: TrialTask) -> None:
@@ -186,6 +225,44 @@ class GroupLoop:
                 self.engine,
                 on_step=self.on_step,
             )
+
+    # ------------------------------------------------------------------ leader: asking
+    def _next_taken(self) -> Task | None:
+        """The scheduler's source (main thread): the ask queued on the storage thread, the
+        next one queued at once when asking ahead; the cost estimate is made here because
+        it runs the shared supernet."""
+        assert self._storage is not None
+        if self._exhausted:
+            return None
+        if self._asking is None:
+            self._asking = self._storage.submit(self._take)
+        taken = self._storage.wait(self._asking)
+        self._asking = None
+        if taken is None:
+            self._exhausted = True
+            return None
+        if self._ask_ahead:
+            self._asking = self._storage.submit(self._take)
+        cost = 0.0
+        if self.config.distributed.scheduler == "cost_aware":
+            with self.tracker.track("sampler"):
+                cost = self.core.predicted_flops(taken.arch)
+        return Task(key=taken, cost=cost, submitted=time.monotonic())
+
+    def _give_back(self) -> None:
+        """Trials asked but not started (asked ahead, or in the cost-aware window) go back
+        to the queue with their parameters, for this run's resume or another worker."""
+        assert self._scheduler is not None
+        taken = [task.key for task in self._scheduler.take_waiting()]
+        if self._asking is not None and self._asking.exception() is None:
+            pending = self._asking.result()
+            if pending is not None:
+                taken.append(pending)
+        self._asking = None
+        for t in taken:
+            if _records.return_to_queue(t.trial):
+                _logger.info("Trial %d was asked but not started: queued again.", t.trial.number)
+            self._release(t.trial)
 
     def _keep_alive(self, trial: optuna.Trial) -> None:
         """From the moment it is RUNNING, a trial sends heartbeats (RDB storages) or holds a
@@ -213,16 +290,22 @@ class GroupLoop:
             self._swept = now
             recover_dead_trials(self.study, self.config)
 
-    # ------------------------------------------------------------------ leader: pulling work
+    # ------------------------------------------------------------------ leader: storage thread
     def _timed_out(self) -> bool:
         timeout = self.config.study.timeout
         return timeout is not None and time.monotonic() - self._start >= timeout
+
+    @property
+    def _io(self) -> UtilisationTracker:
+        """The storage thread's tracker (the calls below run there)."""
+        assert self._storage is not None
+        return self._storage.tracker
 
     def _pop(self) -> optuna.Trial | None:
         assert self.study is not None
         if self._timed_out():
             return None
-        with self.tracker.track("storage"):
+        with self._io.track("storage"):
             self._sweep()
             trial: optuna.Trial | None
             if self.config.study.n_trials is None:
@@ -233,30 +316,31 @@ class GroupLoop:
                 self._keep_alive(trial)
             return trial
 
-    def _pull(self) -> Task | None:
-        """The scheduler's source: the next feasible trial of the study."""
+    def _take(self) -> _Taken | None:
+        """The next feasible trial of the study, its architecture, plan and population."""
         assert self.study is not None
         while True:
             trial = self._pop()
             if trial is None:
                 return None
             started = time.perf_counter()
-            with self.tracker.track("sampler"):
+            with self._io.track("sampler"):
                 arch = self.space.suggest(trial)
             if self.observe_ask is not None:
                 self.observe_ask(time.perf_counter() - started)
-            with self.tracker.track("storage"):
+            with self._io.track("storage"):
                 _records.record_architecture(trial, arch)
             excess = arch.cluster.ranks - self.group.size
             if excess > 0:
                 self._tell_infeasible(trial, arch, excess)
                 continue
-            cost = 0.0
-            if self.config.distributed.scheduler == "cost_aware":
-                with self.tracker.track("sampler"):
-                    cost = self.core.predicted_flops(arch)
-            plan = TrialPlan.for_study(self.study, self.config.objective, self.config.stages)
-            return Task(key=(trial, arch, plan), cost=cost, submitted=time.monotonic())
+            with self._io.track("storage"):
+                plan = TrialPlan.for_study(self.study, self.config.objective, self.config.stages)
+                population = None
+                if self.config.objective.population_steps:
+                    size = self.config.objective.population_size
+                    population = _records.finished_architectures(self.study, size)
+            return _Taken(trial, arch, plan, population)
 
     def _tell_infeasible(self, trial: optuna.Trial, arch: Architecture, excess: int) -> None:
         """``dp x pp`` exceeds the group: a constraint > 0 and the worst values, no training."""
@@ -265,7 +349,7 @@ class GroupLoop:
             f"data_parallel x pipeline_stages = {arch.cluster.ranks} exceeds the "
             f"{self.group.size} ranks of evaluation group {self.group.index}"
         )
-        with self.tracker.track("storage"):
+        with self._io.track("storage"):
             key = f"constraints:{_keys.CLUSTER_RANKS_CONSTRAINT}"
             # the space records the same constraint itself when it knows max_ranks
             if key not in trial.storage.get_trial_system_attrs(trial._trial_id):
@@ -276,16 +360,18 @@ class GroupLoop:
         self.trials_infeasible += 1
         _logger.info("Trial %d infeasible: %s.", trial.number, reason)
 
-    def _tell(self, trial: optuna.Trial, arch: Architecture, outcome: Outcome) -> None:
+    def _tell(self, link: LeaderLink, arch: Architecture, outcome: Outcome) -> None:
         from optuna.exceptions import UpdateFinishedTrialError
         from optuna.trial import TrialState
 
         assert self.study is not None
+        trial = link.trial
         engine = "deepspeed" if self.engine.uses_deepspeed(arch) else "plain"
         c = arch.cluster
         layout = f"dp{c.data_parallel}xpp{c.pipeline_stages} on {self.group.size} ranks ({engine})"
         try:
-            with self.tracker.track("storage"):
+            with self._io.track("storage"):
+                link.flush()
                 _records.set_trial_system_attr(trial, _keys.DISTRIBUTED_GROUP, self.group.index)
                 _records.set_trial_system_attr(trial, _keys.DISTRIBUTED_LAYOUT, layout)
                 if outcome.state == "complete":
@@ -306,3 +392,18 @@ class GroupLoop:
         finally:
             self._release(trial)
         self.trials_done += 1
+
+
+@dataclass(frozen=True)
+class _Taken:
+    """A trial the leader took: its architecture, plan and (population steps) population."""
+
+    trial: optuna.Trial
+    arch: Architecture
+    plan: TrialPlan
+    population: list[Architecture] | None
+
+
+def _asks_ahead(config: RunConfig, group: EvaluationGroup) -> bool:
+    mode = config.distributed.ask_ahead
+    return mode == "on" or (mode == "auto" and group.num_groups > 1)

@@ -148,7 +148,6 @@ def _run(
         metrics,
         checkpoints,
     )
-    started = time.perf_counter()
     # signal handlers can only be installed from the main thread
     in_main = threading.current_thread() is threading.main_thread()
     try:
@@ -158,13 +157,13 @@ def _run(
             with tracker.track("storage"):
                 checkpoints.finish()
         if averager is not None:
-            with tracker.track("idle"):  # waiting for the last group to finish its trial
+            with tracker.track("drain"):  # waiting for the last group to finish its trial
                 target = averager.agree_rounds()
             with tracker.track("communication"):
                 averager.finish(target)
     finally:
         engine.close()
-    _finish(comm, group, study, tracker, loop, averager, time.perf_counter() - started)
+    _finish(comm, group, study, tracker, loop, averager)
 
 
 def _checkpoints(
@@ -289,17 +288,16 @@ def _finish(
     tracker: UtilisationTracker,
     loop: Any,
     averager: Any,
-    loop_seconds: float,
 ) -> None:
     """Gather every rank's time shares on world rank 0 and store them in the study."""
     tracker.stop()
     report = tracker.report(
         rank=comm.Get_rank(),
-        loop_seconds=loop_seconds,
         group=group.index,
         leader=group.is_leader,
         trials=loop.trials_done if group.is_leader else 0,
         infeasible=loop.trials_infeasible,
+        storage_thread=loop.storage_thread_seconds,
         sync_bytes=averager.bytes_sent if averager is not None else 0,
         sync_rounds=averager.rounds_done if averager is not None else 0,
     )

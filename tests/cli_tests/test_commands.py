@@ -29,8 +29,12 @@ def test_status_text_and_json(
     from optuna_hpcnas._records import add_budget
 
     add_budget(study, 8)  # a run's remaining budget: 8 WAITING trials on top of 12 finished
-    runs = [{"ranks": [{"rank": 0, "shares": {"compute": 0.97}}, {"rank": 1, "shares": {
-        "compute": 0.9}}]}]  # fmt: skip
+    # rank 0 a record with its loop's shares (printed), rank 1 an older one without (the
+    # whole process's share is printed)
+    runs = [{"ranks": [
+        {"rank": 0, "shares": {"compute": 0.6}, "loop_shares": {"compute": 0.971}},
+        {"rank": 1, "shares": {"compute": 0.9}},
+    ]}]  # fmt: skip
     study._storage.set_study_system_attr(
         study._study_id, "hpcnas:distributed:utilisation", json.dumps(runs)
     )
@@ -40,7 +44,7 @@ def test_status_text_and_json(
     assert "maximize accuracy" in out
     assert "progress     12/20 (60%)" in out
     assert "COMPLETE 11  PRUNED 1" in out
-    assert "rank 0: 97%  rank 1: 90%" in out
+    assert "rank 0: 97.1%  rank 1: 90.0%  (of each rank's search loop" in out
     assert f"trial {study.best_trial.number}" in out
     code, out, _ = _run(capsys, "status", "--storage", sqlite_url, "--json")
     info = json.loads(out)

@@ -9,7 +9,10 @@ compiles anything.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
+import subprocess
+import sys
 
 import optuna
 import pytest
@@ -196,5 +199,29 @@ def test_four_rank_search_two_groups_one_study(
     for r in ranks:
         assert sum(r["shares"].values()) == pytest.approx(1.0, abs=1e-6)
         assert r["shares"]["compute"] > 0
+        # the search loop's own shares: the drain at the end is outside it
+        loop = r["loop_shares"]
+        assert sum(loop.values()) == pytest.approx(1.0, abs=1e-6)
+        assert loop["compute"] > 0 and loop["drain"] == 0.0 and loop["setup"] == 0.0
+        assert 0 < r["loop_seconds"] < r["wall_seconds"]
+        # two groups: each leader asked ahead and told on its storage thread
+        if r["leader"]:
+            assert r["storage_thread"]["storage"] > 0 and r["storage_thread"]["sampler"] > 0
+        else:
+            assert r["storage_thread"] == {}
     assert attrs[_keys.DISTRIBUTED_SYNC_BYTES] > 0
     assert sum(r["trials"] for r in ranks) == len(feasible)
+    # `hpcnas status` prints these same per-rank loop shares
+    status = subprocess.run(
+        [sys.executable, "-m", "optuna_hpcnas", "status", "--study-name", "mpi-search"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "OPTUNA_STORAGE": url},
+        timeout=120,
+        check=True,
+    )
+    expected = "  ".join(
+        f"rank {r['rank']}: {100 * r['loop_shares']['compute']:.1f}%"
+        for r in sorted(ranks, key=lambda r: r["rank"])
+    )
+    assert f"compute      {expected}" in status.stdout

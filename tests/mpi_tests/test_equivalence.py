@@ -124,3 +124,55 @@ def test_api_one_process_and_mpirun_give_the_same_metric(tmp_path: Path) -> None
     ranks = utilisation_from_study(study)[-1]["ranks"]
     assert [r["group"] for r in ranks] == [0, 1]  # two groups of one rank shared the budget
     _assert_same(api, _values(two))
+
+
+def test_one_process_run_samples_and_prunes_as_the_api(tmp_path: Path) -> None:
+    """The sampler's draws and the staged pruner's verdicts of a one-process ``hpcnas run``
+    (reports written on the storage thread, its verdicts awaited only when they could stop
+    the trial) are the API's, trial by trial."""
+    from optuna_hpcnas.config import config_from_dict
+    from optuna_hpcnas.run import run_search
+
+    sections = {
+        "study": {"name": "same", "n_trials": 6},
+        "pruner": {"name": "staged"},
+        # TPE past its start-up draws: each ask depends on every trial finished before it
+        "sampler": {"name": "tpe", "seed": 5, "kwargs": {"n_startup_trials": 2}},
+    }
+    url = f"sqlite:///{tmp_path / 'run.db'}"
+    config = config_from_dict(
+        tiny_config(**{**sections, "study": {**sections["study"], "storage": url}})
+    )
+    run_search(config)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        space = HierarchicalSearchSpace.preset("digits-small")
+        objective = SupernetObjective(
+            space,
+            config.data.load(),
+            training=config.training.supernet,
+            plan=config.stages,
+            config=config.objective,
+            seed=config.training.supernet.seed,
+        )
+        objective.train_supernet(max_batches=config.training.warmup_max_batches)
+        api = optuna.create_study(
+            direction="maximize",
+            sampler=config.sampler.build(seed_offset=0),
+            pruner=config.pruner.build(config.stages),
+        )
+        api.optimize(objective, n_trials=6)
+    finally:
+        torch.set_num_threads(threads)
+    ran = optuna.load_study(study_name="same", storage=url).get_trials()
+    states = [t.state for t in ran]
+    assert states == [t.state for t in api.get_trials()]
+    assert optuna.trial.TrialState.PRUNED in states  # the pruner decided something
+    for a, b in zip(ran, api.get_trials()):
+        assert a.params == b.params
+        assert sorted(a.intermediate_values) == sorted(b.intermediate_values)
+        for step, value in a.intermediate_values.items():
+            assert value == pytest.approx(b.intermediate_values[step], abs=1e-6)
+        if a.values is not None:
+            assert a.values[0] == pytest.approx(b.values[0], abs=1e-6)

@@ -131,3 +131,55 @@ def test_non_finite_reports_are_pruned_and_multi_objective_refused() -> None:
     trial = multi.ask()
     with pytest.raises(RuntimeError, match="single-objective"):
         StagedPruner().prune(multi, multi._storage.get_trial(trial._trial_id))
+
+
+@pytest.mark.parametrize("direction", ["maximize", "minimize"])
+def test_may_prune_is_true_whenever_prune_stops_the_trial(direction: str) -> None:
+    """``may_prune`` judges from the trial's own values; whenever ``prune`` would stop the
+    trial it says so (the runner awaits the verdict only then), and it is not always true."""
+    import numpy as np
+
+    plan = StagePlan(
+        stages=(
+            Stage("quick", 2, 1e-3, promote=0.5),
+            Stage("medium", 3, 1e-2),
+            Stage("full", 4, 1e-1),
+        ),
+        patience=2,
+    )
+    pruner = StagedPruner(plan)
+    study = optuna.create_study(direction=direction, pruner=pruner)
+    rng = np.random.default_rng(0)
+    maximize = direction == "maximize"
+    stops = waits = 0
+    for _ in range(40):
+        trial = study.ask()
+        values: dict[int, float] = {}
+        for step in range(1, plan.total_epochs + 1):
+            value = float(rng.choice([np.nan, *rng.normal(size=7)]))
+            trial.report(value, step)
+            values[step] = value
+            verdict = trial.should_prune()
+            may = pruner.may_prune(values, maximize=maximize)
+            assert may or not verdict, (values, step)
+            stops += verdict
+            waits += may
+            if verdict:
+                study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+                break
+        else:
+            study.tell(trial, values[plan.total_epochs])
+    assert stops > 0  # every kind of stop was met (boundary, patience, no finite value)...
+    assert waits < sum(len(t.intermediate_values) for t in study.get_trials())  # ...not always
+
+
+def test_verdict_needed_by_pruner() -> None:
+    from optuna_hpcnas.evaluation import verdict_needed
+
+    values = {1: 0.5}
+    assert not verdict_needed(optuna.pruners.NopPruner(), values, maximize=True)
+    assert verdict_needed(optuna.pruners.MedianPruner(), values, maximize=True)
+    staged = StagedPruner(StagePlan(stages=(Stage("a", 1, 0.1), Stage("b", 3, 0.1)), patience=0))
+    assert verdict_needed(staged, values, maximize=True)  # the end of stage "a": promotion
+    assert not verdict_needed(staged, {1: 0.5, 2: 0.6}, maximize=True)
+    assert verdict_needed(staged, {1: float("nan")}, maximize=True)

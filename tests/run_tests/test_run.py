@@ -217,3 +217,33 @@ def test_deployed_latency_as_the_objective_and_a_target_space(tmp_path: Path) ->
         # the NPU target has no grouped or depthwise convolutions
         ops = [v for k, v in t.params.items() if k.endswith(".op")]
         assert ops and not any(op.startswith(("sepconv", "dilconv")) for op in ops)
+
+
+def test_asking_ahead_overlaps_the_ask_and_a_timeout_gives_the_asked_trial_back(
+    tmp_path: Path,
+) -> None:
+    sections: dict[str, Any] = {
+        "pruner": {"name": "none"},
+        "distributed": {"ask_ahead": "on"},
+    }
+    study = _run(tmp_path, study={"name": "ahead", "n_trials": 4}, **sections)
+    trials = sorted(study.get_trials(), key=lambda t: t.number)
+    assert [t.state for t in trials] == [COMPLETE] * 4
+    for previous, following in zip(trials, trials[1:]):  # asked while the previous one ran
+        assert following.datetime_start < previous.datetime_complete
+    (rank,) = utilisation_from_study(study)[-1]["ranks"]
+    assert rank["storage_thread"]["sampler"] > 0 and rank["storage_thread"]["storage"] > 0
+
+    # The timeout ends the run while the next trial is asked: it goes back to the queue with
+    # its architecture, and the resumed run evaluates that architecture.
+    timed = {"name": "timed", "n_trials": 15}
+    study = _run(tmp_path, study={**timed, "timeout": 1.0}, **sections)
+    by_state = {s: study.get_trials(states=(s,)) for s in optuna.trial.TrialState}
+    finished = by_state[COMPLETE]
+    assert 0 < len(finished) < 15 and not by_state[optuna.trial.TrialState.RUNNING]
+    asked = [t for t in by_state[optuna.trial.TrialState.WAITING] if t.params]
+    assert len(asked) == 1 and asked[0].number == max(t.number for t in finished) + 1
+    study = _run(tmp_path, study=timed, **sections)  # resumes the queue, adds nothing
+    trials = study.get_trials()
+    assert len(trials) == 15 and all(t.state == COMPLETE for t in trials)
+    assert trials[asked[0].number].params == asked[0].params

@@ -1,0 +1,103 @@
+"""The leader's storage thread: order, errors, and where its time is counted."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+import threading
+import time
+
+import optuna
+import pytest
+
+from optuna_hpcnas import _records
+from optuna_hpcnas.distributed import UtilisationTracker
+from optuna_hpcnas.run._storage_thread import StorageThread
+
+
+def test_calls_run_in_order_on_one_other_thread() -> None:
+    tracker = UtilisationTracker()
+    thread = StorageThread(tracker)
+    seen: list[tuple[int, str]] = []
+
+    def call(i: int) -> int:
+        time.sleep(0.01 * (3 - i))  # the first call is the slowest
+        seen.append((i, threading.current_thread().name))
+        return i
+
+    futures = [thread.submit(call, i) for i in range(3)]
+    assert thread.wait(futures[-1]) == 2
+    assert [i for i, _ in seen] == [0, 1, 2]
+    assert len({name for _, name in seen}) == 1 and seen[0][1].startswith("hpcnas-storage")
+    assert tracker.seconds["storage"] > 0.04  # the main thread's wait, not the calls
+    thread.close()
+
+
+def test_an_error_is_raised_once_where_it_is_waited_for_or_checked() -> None:
+    thread = StorageThread(UtilisationTracker())
+
+    def fail() -> None:
+        raise RuntimeError("storage unreachable")
+
+    failed = thread.submit(fail)
+    with pytest.raises(RuntimeError, match="unreachable"):
+        thread.wait(failed)
+    thread.check()  # already raised by the wait: not again
+    thread.submit(fail)
+    with pytest.raises(RuntimeError, match="unreachable"):
+        thread.drain()
+    thread.drain()
+    thread.close()
+
+
+def test_close_finishes_queued_calls_and_logs_their_errors(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    thread = StorageThread(UtilisationTracker())
+    done: list[int] = []
+    thread.submit(lambda: (time.sleep(0.05), done.append(1)))
+    thread.submit(lambda: 1 / 0)
+    with caplog.at_level(logging.ERROR):
+        thread.close()
+    assert done == [1]
+    assert "ZeroDivisionError" in caplog.text
+
+
+def test_drain_is_counted_as_drain_outside_the_loop_window() -> None:
+    tracker = UtilisationTracker()
+    thread = StorageThread(tracker)
+    with tracker.loop():
+        with tracker.track("compute"):
+            time.sleep(0.05)
+        thread.submit(time.sleep, 0.05)
+    thread.drain()
+    report = tracker.report()
+    assert report.loop_shares is not None and report.loop_shares["drain"] == 0.0
+    assert report.loop_shares["compute"] > 0.9
+    assert report.shares["drain"] > 0 and report.compute_share == report.loop_shares["compute"]
+    thread.close()
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "journal"])
+def test_a_trial_given_back_keeps_its_parameters(tmp_path: Path, kind: str) -> None:
+    from optuna_hpcnas import HierarchicalSearchSpace
+
+    if kind == "sqlite":
+        storage: str | optuna.storages.BaseStorage = f"sqlite:///{tmp_path / 'q.db'}"
+    else:
+        backend = optuna.storages.journal.JournalFileBackend(str(tmp_path / "q.log"))
+        storage = optuna.storages.JournalStorage(backend)
+    study = optuna.create_study(storage=storage, sampler=optuna.samplers.RandomSampler(seed=1))
+    _records.add_budget(study, 1)
+    space = HierarchicalSearchSpace.preset("digits-small")
+    trial = _records.pop_waiting_trial(study, sqlite_path=None)
+    assert trial is not None
+    arch = space.suggest(trial)
+    assert _records.return_to_queue(trial)
+    (waiting,) = study.get_trials(states=(optuna.trial.TrialState.WAITING,))
+    assert waiting.number == trial.number
+    again = _records.pop_waiting_trial(study, sqlite_path=None)
+    assert again is not None and again.number == trial.number
+    assert space.suggest(again) == arch  # the same architecture, not a new draw
+    study.tell(again, 0.5)
+    assert not _records.return_to_queue(again)  # finished: left alone
