@@ -5,7 +5,7 @@ Each configuration is a real ``mpirun -n N python -m mpi4py -m optuna_hpcnas run
 launch against one SQLite study, groups of one rank (each rank its own group, weights
 averaged between groups every trial). Peer in the same run: the 1-rank launch.
 
-    python bench/distributed_throughput.py [--ranks 1 2 4] [--trials-per-rank 6]
+    python bench/distributed_throughput.py [--ranks 1 2 4] [--trials-per-rank 6] [--ask-ahead auto]
 
 On a machine with fewer cores than ranks the ranks share cores, so trials/s cannot scale
 past the core count; the compute share still shows what the framework costs per rank.
@@ -55,6 +55,7 @@ latency_repeats = 2
 [distributed]
 group_size = 1
 sync_interval = 2
+ask_ahead = "{ask_ahead}"
 """
 
 
@@ -63,11 +64,17 @@ def mpirun() -> str:
     return str(beside) if beside.exists() else "mpirun"
 
 
-def run(n: int, trials_per_rank: int, steps: int, workdir: Path) -> dict:
+def run(n: int, trials_per_rank: int, steps: int, ask_ahead: str, workdir: Path) -> dict:
     db = workdir / f"r{n}.db"
     cfg = workdir / f"r{n}.toml"
     cfg.write_text(
-        CONFIG.format(db=db, n_trials=n * trials_per_rank, steps=steps, supernet_steps=steps // 2)
+        CONFIG.format(
+            db=db,
+            n_trials=n * trials_per_rank,
+            steps=steps,
+            supernet_steps=steps // 2,
+            ask_ahead=ask_ahead,
+        )
     )
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     cmd = [mpirun(), "-n", str(n), sys.executable, "-m", "mpi4py", "-m"]
@@ -99,11 +106,14 @@ def main() -> None:
     parser.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--trials-per-rank", type=int, default=6)
     parser.add_argument("--steps", type=int, default=40, help="optimizer steps per epoch")
+    parser.add_argument(
+        "--ask-ahead", default="auto", choices=("auto", "on", "off"), help="[distributed]"
+    )
     args = parser.parse_args()
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         for n in args.ranks:
-            results.append(run(n, args.trials_per_rank, args.steps, Path(tmp)))
+            results.append(run(n, args.trials_per_rank, args.steps, args.ask_ahead, Path(tmp)))
     base = results[0]["trials"] / results[0]["window"]
     print(
         f"digits-small search, {os.cpu_count()} CPU cores, {args.steps} steps x 3 epochs/trial\n"
@@ -130,6 +140,11 @@ def main() -> None:
                 seconds = x["loop_seconds"] if key == "loop_shares" else x["wall_seconds"]
                 shares = " ".join(f"{x[key].get(c, 0.0):7.1%}" for c in cats)
                 print(f"{r['n']:>5} {x['rank']:>4} {seconds:7.1f} {shares}")
+    print("\nstorage thread of each leader, busy seconds (they overlap the rank's compute):")
+    for r in results:
+        for x in r["ranks"]:
+            busy = "  ".join(f"{k} {v:.2f}" for k, v in x.get("storage_thread", {}).items())
+            print(f"{r['n']:>5} {x['rank']:>4} {busy}")
     print(
         "\nsearch loop = from the rank's first ask to its last trial (after imports, model, "
         "study set-up and warm-up; before the drain: the last writes and waiting for the other "

@@ -31,8 +31,11 @@ OPTUNA_ARTIFACTS_PREFIX = "artifacts:"
 # ---------------------------------------------------------------------------- trial records
 def record_architecture(trial: optuna.Trial, arch: Architecture) -> None:
     """Store ``arch`` in the trial's user attributes (JSON and a one-line description)."""
-    trial.set_user_attr(_keys.OBJECTIVE_ARCH, arch.to_json())
-    trial.set_user_attr(_keys.OBJECTIVE_ARCH_DESCRIPTION, arch.describe())
+    user = {
+        _keys.OBJECTIVE_ARCH: arch.to_json(),
+        _keys.OBJECTIVE_ARCH_DESCRIPTION: arch.describe(),
+    }
+    set_trial_attrs(trial, user=user, system={})
 
 
 def architecture_of(user_attrs: Mapping[str, Any]) -> Architecture | None:
@@ -79,6 +82,43 @@ def finished_architectures(study: optuna.Study, size: int) -> list[Architecture]
 
 def set_trial_system_attr(trial: optuna.Trial, key: str, value: Any) -> None:
     trial.storage.set_trial_system_attr(trial._trial_id, key, value)
+
+
+def set_trial_attrs(
+    trial: optuna.Trial, *, user: Mapping[str, Any], system: Mapping[str, Any]
+) -> None:
+    """Several user and system attributes of ``trial``: one transaction on an RDB storage
+    (Optuna commits each ``set_trial_*_attr`` on its own, about ten commits per trial on a
+    SQLite file), one call per key on the others."""
+    rdb = _rdb_storage(trial.storage)
+    if rdb is None:
+        for key, value in user.items():
+            trial.storage.set_trial_user_attr(trial._trial_id, key, value)
+        for key, value in system.items():
+            trial.storage.set_trial_system_attr(trial._trial_id, key, value)
+    else:
+        from optuna.storages._rdb import models
+        from optuna.storages._rdb.storage import _create_scoped_session
+
+        with _create_scoped_session(rdb.scoped_session, True) as session:
+            for model, attrs in (
+                (models.TrialUserAttributeModel, user),
+                (models.TrialSystemAttributeModel, system),
+            ):
+                for key, value in attrs.items():
+                    rdb._set_trial_attr_without_commit(session, model, trial._trial_id, key, value)
+    cached = getattr(trial, "_cached_frozen_trial", None)  # what ``trial.user_attrs`` reads
+    if cached is not None:
+        cached.user_attrs.update(user)
+        cached.system_attrs.update(system)
+
+
+def _rdb_storage(storage: Any) -> Any:
+    """The ``RDBStorage`` behind ``storage`` (Optuna wraps it in a cache), else ``None``."""
+    from optuna.storages import RDBStorage
+
+    backend = getattr(storage, "_backend", storage)
+    return backend if isinstance(backend, RDBStorage) else None
 
 
 # ---------------------------------------------------------------------------- the trial queue

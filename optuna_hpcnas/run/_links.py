@@ -73,16 +73,14 @@ class LeaderLink:
         return self._inner.trial
 
     def record(self, attrs: Mapping[str, Any]) -> None:
-        # Kept until the trial is told (``flush``): one storage write per key instead of one
-        # per key and epoch; nobody reads them before the result.
+        # Kept until the trial is told (``take_records``): written once, with the tell,
+        # instead of once per key and epoch; nobody reads them before the result.
         self._pending.update(attrs)
 
-    def flush(self) -> None:
-        """Write the user attributes recorded so far (on the storage thread, before the
-        trial is told)."""
-        if self._pending:
-            self._inner.record(self._pending)
-            self._pending = {}
+    def take_records(self) -> dict[str, Any]:
+        """The user attributes recorded so far (the tell writes them, in one transaction)."""
+        records, self._pending = self._pending, {}
+        return records
 
     def constrain(self, name: str, value: float) -> None:
         self._storage.submit(self._inner.constrain, name, value)

@@ -371,9 +371,11 @@ class GroupLoop:
         layout = f"dp{c.data_parallel}xpp{c.pipeline_stages} on {self.group.size} ranks ({engine})"
         try:
             with self._io.track("storage"):
-                link.flush()
-                _records.set_trial_system_attr(trial, _keys.DISTRIBUTED_GROUP, self.group.index)
-                _records.set_trial_system_attr(trial, _keys.DISTRIBUTED_LAYOUT, layout)
+                system: dict[str, Any] = {
+                    _keys.DISTRIBUTED_GROUP: self.group.index,
+                    _keys.DISTRIBUTED_LAYOUT: layout,
+                }
+                _records.set_trial_attrs(trial, user=link.take_records(), system=system)
                 if outcome.state == "complete":
                     assert outcome.values is not None
                     self.study.tell(trial, list(outcome.values))

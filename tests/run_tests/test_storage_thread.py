@@ -101,3 +101,27 @@ def test_a_trial_given_back_keeps_its_parameters(tmp_path: Path, kind: str) -> N
     assert space.suggest(again) == arch  # the same architecture, not a new draw
     study.tell(again, 0.5)
     assert not _records.return_to_queue(again)  # finished: left alone
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "journal", "memory"])
+def test_attributes_in_one_write_are_read_back_and_refused_once_finished(
+    tmp_path: Path, kind: str
+) -> None:
+    from optuna.exceptions import UpdateFinishedTrialError
+
+    storage: str | optuna.storages.BaseStorage | None = None
+    if kind == "sqlite":
+        storage = f"sqlite:///{tmp_path / 'a.db'}"
+    elif kind == "journal":
+        backend = optuna.storages.journal.JournalFileBackend(str(tmp_path / "a.log"))
+        storage = optuna.storages.JournalStorage(backend)
+    study = optuna.create_study(storage=storage)
+    trial = study.ask()
+    trial.set_user_attr("kept", 1)
+    _records.set_trial_attrs(trial, user={"flops": 2.5, "kept": 3}, system={"g": [1, 2]})
+    assert trial.user_attrs == {"kept": 3, "flops": 2.5}  # the trial's own view too
+    study.tell(trial, 1.0)
+    (frozen,) = study.get_trials()
+    assert frozen.user_attrs == {"kept": 3, "flops": 2.5} and frozen.system_attrs["g"] == [1, 2]
+    with pytest.raises(UpdateFinishedTrialError):
+        _records.set_trial_attrs(trial, user={"late": 1}, system={})
