@@ -22,8 +22,9 @@ from typing import Any
 
 CATEGORIES = ("compute", "setup", "storage", "sampler", "communication", "idle", "drain")
 """``compute``: forward, backward, optimizer step and validation forwards; ``setup``: building
-models and engines; ``storage``: Optuna storage calls (or waiting for the leader's storage
-thread); ``sampler``: the sampler's ask; ``communication``: weight synchronisation inside and
+models and engines; ``storage``: Optuna storage calls (on a leader's main thread: waiting
+for its write thread, a pruner's verdict); ``sampler``: the sampler's ask (on a leader's main
+thread: waiting for its ask thread); ``communication``: weight synchronisation inside and
 between groups; ``idle``: waiting for the leader or for work; ``drain``: after the rank's last
 trial, waiting for the storage thread's last writes and the other ranks' last trials."""
 

@@ -6,11 +6,14 @@ Leader, main thread::
     every rank: TrialEvaluator.evaluate(arch, link, GroupEngine)   (the one core)
     leader: queue the tell -> average shared weights between groups -> checkpoints
 
-Leader, storage thread (``StorageThread``, first in first out): pop a budget trial (or ask)
--> heartbeat or lease -> suggest the architecture (the sampler runs here) -> layout larger
-than the group? constraint + worst values, pull again -> the population; the trial's reports,
-attributes and tell. With ``ask_ahead`` the next ask is queued as soon as a trial starts, so
-it overlaps the trial's compute; otherwise after the tell, as ``study.optimize`` asks.
+Leader, ask thread (a ``StorageThread``): once the last queued tell is written, pop a budget
+trial (or ask) -> heartbeat or lease -> suggest the architecture (the sampler runs here) ->
+layout larger than the group? constraint + worst values, pull again -> the population.
+Leader, write thread (another, first in first out): the trial's reports, attributes and tell;
+a pruner's verdict is awaited only when it could stop the trial. With ``ask_ahead`` the next
+ask is queued as soon as a trial starts, so it overlaps the trial's compute; otherwise after
+the tell, as ``study.optimize`` asks. Two threads, so a verdict never waits behind the
+sampler.
 
 Only the leader touches the storage; the others get every task and decision by broadcast.
 """
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from concurrent.futures import Future
+from concurrent.futures import wait as wait_futures
 import contextlib
 from dataclasses import dataclass
 import logging
@@ -108,7 +112,10 @@ class GroupLoop:
         self._start = time.monotonic()
         self._sqlite = _records.sqlite_path(config.study.resolved_storage())
         self._scheduler = self._make_scheduler() if group.is_leader else None
-        self._storage = StorageThread(tracker) if group.is_leader else None
+        # the leader's storage threads: the trial's writes, and the asks (the sampler)
+        self._writes = StorageThread(tracker) if group.is_leader else None
+        self._asks = StorageThread(tracker) if group.is_leader else None
+        self._told: Future[None] | None = None  # the last tell queued
         self._asking: Future[_Taken | None] | None = None  # the ask queued on that thread
         self._exhausted = False  # an ask found no trial left
         self._ask_ahead = _asks_ahead(config, group)
@@ -128,10 +135,14 @@ class GroupLoop:
 
     @property
     def storage_thread_seconds(self) -> dict[str, float]:
-        """Busy seconds of the leader's storage thread by category (they overlap compute)."""
-        if self._storage is None:
-            return {}
-        return {k: v for k, v in self._storage.tracker.seconds.items() if v > 0}
+        """Busy seconds of the leader's storage threads by category (they overlap compute)."""
+        out: dict[str, float] = {}
+        for thread in (self._writes, self._asks):
+            if thread is not None:
+                for k, v in thread.tracker.seconds.items():
+                    if v > 0:
+                        out[k] = out.get(k, 0.0) + v
+        return out
 
     # ------------------------------------------------------------------ the loop
     def run(self) -> None:
@@ -140,15 +151,17 @@ class GroupLoop:
         try:
             with self.tracker.loop():
                 self._run()
-            if self._storage is not None:
+            if self._writes is not None and self._asks is not None:
                 with self.channel.leader_section("writing the last results"):
-                    self._storage.drain()
+                    self._writes.drain()
+                    self._asks.drain()
         finally:  # also on a signal or an error: no finished result is dropped
             self._close()
 
     def _close(self) -> None:
-        if self._storage is not None:
-            self._storage.close()  # the queued writes (the last tell) finish first
+        if self._writes is not None and self._asks is not None:
+            self._writes.close()  # the queued writes (the last tell) finish first
+            self._asks.close()
             self._give_back()
         for stack in self._alive.values():  # the heartbeat and lease threads
             stack.close()
@@ -172,8 +185,8 @@ class GroupLoop:
                 self._follow(message)
 
     def _next_task(self) -> Task | None:
-        assert self._scheduler is not None and self._storage is not None
-        self._storage.check()  # an earlier write's error is raised here, in the section
+        assert self._scheduler is not None and self._writes is not None
+        self._writes.check()  # an earlier write's error is raised here, in the section
         if self._timed_out():
             return None
         return self._scheduler.next_task(0, time.monotonic())
@@ -187,25 +200,25 @@ class GroupLoop:
         )
 
     def _lead(self, taken: _Taken, message: TrialTask) -> None:
-        assert self._storage is not None
+        assert self._writes is not None
         trial, arch = taken.trial, taken.arch
         link = LeaderLink(
             OptunaTrialLink(trial, taken.plan),
             self.channel,
             self.group.comm,
             self.tracker,
-            self._storage,
+            self._writes,
             population=taken.population,
         )
         watch = self.watch(trial) if self.watch is not None else contextlib.nullcontext()
         with watch:
             with self.tracker.track("compute"):
                 outcome = self.core.evaluate(arch, link, self.engine, on_step=self.on_step)
-        told = self._storage.submit(self._tell, link, arch, outcome)
+        told = self._told = self._writes.submit(self._tell, link, arch, outcome)
         if self.after_trial is not None:
             with self.channel.leader_section("after the trial"):
                 if self.config.checkpoints.enabled:  # the policy reads the told trial
-                    self._storage.wait(told)
+                    self._writes.wait(told)
                 self.after_trial(trial._trial_id)
 
     def _follow(self, message: TrialTask) -> None:
@@ -231,18 +244,18 @@ class GroupLoop:
         """The scheduler's source (main thread): the ask queued on the storage thread, the
         next one queued at once when asking ahead; the cost estimate is made here because
         it runs the shared supernet."""
-        assert self._storage is not None
+        assert self._asks is not None
         if self._exhausted:
             return None
         if self._asking is None:
-            self._asking = self._storage.submit(self._take)
-        taken = self._storage.wait(self._asking)
+            self._asking = self._asks.submit(self._take, self._told)
+        taken = self._asks.wait(self._asking, "sampler")  # the ask not done yet
         self._asking = None
         if taken is None:
             self._exhausted = True
             return None
         if self._ask_ahead:
-            self._asking = self._storage.submit(self._take)
+            self._asking = self._asks.submit(self._take, self._told)
         cost = 0.0
         if self.config.distributed.scheduler == "cost_aware":
             with self.tracker.track("sampler"):
@@ -297,9 +310,9 @@ class GroupLoop:
 
     @property
     def _io(self) -> UtilisationTracker:
-        """The storage thread's tracker (the calls below run there)."""
-        assert self._storage is not None
-        return self._storage.tracker
+        """The ask thread's tracker (the calls below, but the tell, run there)."""
+        assert self._asks is not None
+        return self._asks.tracker
 
     def _pop(self) -> optuna.Trial | None:
         assert self.study is not None
@@ -316,9 +329,14 @@ class GroupLoop:
                 self._keep_alive(trial)
             return trial
 
-    def _take(self) -> _Taken | None:
-        """The next feasible trial of the study, its architecture, plan and population."""
+    def _take(self, told: Future[None] | None) -> _Taken | None:
+        """The next feasible trial of the study, its architecture, plan and population, once
+        the last tell queued before this ask is written (its error is raised by the write
+        thread's own check)."""
         assert self.study is not None
+        if told is not None:
+            with self._io.track("storage"):
+                wait_futures([told])
         while True:
             trial = self._pop()
             if trial is None:
@@ -369,8 +387,9 @@ class GroupLoop:
         engine = "deepspeed" if self.engine.uses_deepspeed(arch) else "plain"
         c = arch.cluster
         layout = f"dp{c.data_parallel}xpp{c.pipeline_stages} on {self.group.size} ranks ({engine})"
+        assert self._writes is not None
         try:
-            with self._io.track("storage"):
+            with self._writes.tracker.track("storage"):
                 system: dict[str, Any] = {
                     _keys.DISTRIBUTED_GROUP: self.group.index,
                     _keys.DISTRIBUTED_LAYOUT: layout,

@@ -1,11 +1,11 @@
-"""A group leader's storage calls, run in order on one background thread.
+"""Storage calls run in order on one background thread.
 
-The leader hands its trial's storage writes (per-epoch reports, attributes, the tell) and the
-ask of the next trial to this thread and goes on computing. It waits only for what it needs:
-the next trial, and a pruner's verdict when that verdict could be "stop"
-(``evaluation.verdict_needed``). One thread and first-in-first-out order keep the study's
-history what a synchronous loop writes: a trial's reports before its tell, and a tell before
-the next ask unless the run asks ahead. Optuna's storages are thread-safe (``study.optimize
+A group leader has two (``run/_loop.py``): one for its trial's writes (per-epoch reports,
+attributes, the tell), one for the ask of the next trial. It goes on computing and waits only
+for what it needs: the next trial, and a pruner's verdict when that verdict could be "stop"
+(``evaluation.verdict_needed``). First-in-first-out order keeps the study's history what a
+synchronous loop writes: a trial's reports before its tell; an ask starts once the tell
+queued before it is written. Optuna's storages are thread-safe (``study.optimize
 (n_jobs=...)`` relies on it; the heartbeat threads already write beside the main thread).
 
 The thread's busy time overlaps the main thread's compute, so it is tracked on a tracker of
