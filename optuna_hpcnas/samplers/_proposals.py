@@ -9,9 +9,12 @@ workers that ask at the same time would each miss the other's proposal, so a pro
    running then, and every trial created after this one) and take the next candidate if one
    of them stands for the same key.
 
-Of two workers claiming one key, the later writer's check always sees the earlier write, so
-at least one of them moves on: no two trials hold the same claim while candidates last. The
-storage needs no lock or compare-and-set, so this works on every Optuna storage.
+Of two workers claiming one key, the later writer's check always sees the earlier write
+(every Optuna storage reads its own and others' committed writes), so at least one of them
+moves on. A trial that had finished before the first read is not read again: its key is among
+the caller's ``seen`` keys, never written. So no two trials hold one key while the candidates
+offer a free one, and the samplers end their candidates with every unseen one. The storage
+needs no lock or compare-and-set, so this works on every Optuna storage.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from collections.abc import Hashable
 from collections.abc import Iterable
+import itertools
+import threading
 from typing import Any
 from typing import TYPE_CHECKING
 
@@ -27,12 +32,14 @@ from optuna.trial import TrialState
 from optuna_hpcnas import _keys
 
 if TYPE_CHECKING:
+    from optuna.distributions import BaseDistribution
     from optuna.storages import BaseStorage
     from optuna.trial import FrozenTrial
 
 KeyFn = Callable[[dict[str, Any]], "Hashable | None"]
-# Writes (each followed by a few reads) and candidates looked at per ask.
-MAX_ROUNDS = 8
+# Candidates looked at per ask: a bound on the cost of one claim. Only candidates another
+# worker holds (or that were seen) are passed over, so it binds only when that many trials
+# run at once or the space is as good as exhausted.
 MAX_CANDIDATES = 256
 
 
@@ -73,24 +80,29 @@ def claim(
     candidates: Iterable[dict[str, Any]],
     key_fn: KeyFn,
     pending: Iterable[int],
+    seen: Callable[[Hashable], bool] | None = None,
 ) -> tuple[dict[str, Any], int]:
-    """The first of ``candidates`` that no other trial claimed, written to the storage, and
-    the number of candidates passed over. Callers pass candidates that were unseen at their
-    first read. Candidates known to be taken from an earlier check are skipped without a
-    write (a slow ask can find many of its best candidates taken by faster workers); after
-    ``MAX_ROUNDS`` writes or ``MAX_CANDIDATES`` candidates, the last one written is kept."""
+    """The first of ``candidates`` that was not ``seen`` at the first read and that no other
+    trial holds, written to the storage, and the number of candidates passed over.
+
+    ``seen`` tells the keys of the trials read before (finished ones are not read again, so
+    only this check keeps their candidates out). Candidates seen, or known to be taken from an
+    earlier check, are passed over without a write (a slow ask can find many of its best
+    candidates taken by faster workers). Callers end ``candidates`` with every unseen one (or
+    random draws where the space is too large to list), so a claim fails only when none of
+    the first ``MAX_CANDIDATES`` is free: then the first candidate is kept, a duplicate.
+    """
     pending = list(pending)
-    chosen: dict[str, Any] | None = None
+    first: dict[str, Any] | None = None
     taken: set[Any] = set()
-    skipped = rounds = 0
-    for k, params in enumerate(candidates):
+    skipped = 0
+    for params in itertools.islice(candidates, MAX_CANDIDATES):
         key = key_fn(params)
-        if chosen is not None and key is not None and key in taken:
+        if first is None:
+            first = params
+        if key is not None and (key in taken or (seen is not None and seen(key))):
             skipped += 1
-            if k + 1 >= MAX_CANDIDATES:
-                break
             continue
-        chosen = params
         storage.set_trial_system_attr(trial._trial_id, _keys.SAMPLER_PROPOSAL, params)
         if key is None:
             return params, skipped
@@ -99,9 +111,69 @@ def claim(
         if key not in taken:
             return params, skipped
         skipped += 1
-        rounds += 1
-        if rounds >= MAX_ROUNDS or k + 1 >= MAX_CANDIDATES:
-            break
-    if chosen is None:
+    if first is None:
         raise ValueError("claim() needs at least one candidate.")
-    return chosen, skipped
+    storage.set_trial_system_attr(trial._trial_id, _keys.SAMPLER_PROPOSAL, first)
+    return first, skipped
+
+
+class LateProposals:
+    """Whole proposals for trials that started before the study recorded its search space.
+
+    A sampler draws a trial's relative sample when the trial starts. A trial started before
+    the first ``space.suggest`` recorded the ``HierarchicalSearchSpace`` has an empty relative
+    search space, so its parameters would come one by one from the independent sampler,
+    unclaimed: workers that start together could draw one architecture twice. Instead, the
+    first such parameter asks the sampler for a whole proposal (claimed like any other) and
+    the trial's later parameters are read from it. Owned by one sampler; thread-safe.
+    """
+
+    def __init__(self, keep: int = 1024) -> None:
+        # Bounds the memory of trials asked and never told (after_trial forgets the others).
+        self._keep = keep
+        self._lock = threading.Lock()
+        self._params: dict[int, dict[str, Any]] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"_keep": self._keep}  # a copy (another process) starts with no trial
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["_keep"])  # type: ignore[misc]
+
+    def record(self, trial_id: int, params: dict[str, Any]) -> None:
+        """Remember ``params`` as the proposal of ``trial_id`` (its relative sample)."""
+        with self._lock:
+            self._params[trial_id] = params
+            if len(self._params) > self._keep:
+                del self._params[next(iter(self._params))]
+
+    def value(
+        self,
+        trial: FrozenTrial,
+        name: str,
+        distribution: BaseDistribution,
+        propose: Callable[[], dict[str, Any] | None],
+    ) -> tuple[bool, Any]:
+        """``(True, value)`` of ``name`` in the trial's proposal, made by ``propose()`` on the
+        first call (``None``: nothing to propose, e.g. no recorded space); ``(False, None)``
+        when the proposal has no valid value for ``name``."""
+        with self._lock:
+            params = self._params.get(trial._trial_id)
+        if params is None:
+            params = propose()
+            if params is None:
+                return False, None
+            self.record(trial._trial_id, params)
+        if name not in params:
+            return False, None
+        try:
+            internal = distribution.to_internal_repr(params[name])
+        except (ValueError, TypeError):
+            return False, None
+        if not distribution._contains(internal):
+            return False, None
+        return True, params[name]
+
+    def forget(self, trial_id: int) -> None:
+        with self._lock:
+            self._params.pop(trial_id, None)

@@ -279,6 +279,7 @@ class QUBOSampler(BaseSampler):
         self._space_cache: tuple[str, HierarchicalSearchSpace] | None = None
         # Codes of finished trials for the current layout; finished params never change.
         self._code_cache: tuple[Any, dict[int, np.ndarray | None]] = (None, {})
+        self._late = _proposals.LateProposals()
 
     def reseed_rng(self) -> None:
         self._seed = int(np.random.default_rng().integers(2**31))
@@ -463,7 +464,8 @@ class QUBOSampler(BaseSampler):
                 busy.append(bits)
         if len(codes) < max(self._n_startup_trials, 1):
             seen = codes + busy
-            return self._claim(study, trial, layout, self._randoms(layout, rng, seen), pending)
+            randoms = self._randoms(layout, rng, seen)
+            return self._claim(study, trial, layout, randoms, pending, seen)
         constraint = constraint_target(constraints)
         # With a feasibility surrogate the objective one learns from every complete trial;
         # without one, infeasible trials rank last in the objective's own target.
@@ -489,14 +491,20 @@ class QUBOSampler(BaseSampler):
         layout: _Layout,
         candidates: Iterator[dict[str, Any]],
         pending: list[int],
+        seen: Sequence[np.ndarray],
     ) -> dict[str, Any]:
+        """The first candidate whose code no trial read at the start of this ask had and no
+        other worker holds (see ``_proposals.claim``)."""
+
         def key(params: dict[str, Any]) -> Any:
             bits = layout.encode(params)
             return None if bits is None else bits.tobytes()
 
+        known = {bits.tobytes() for bits in seen}
         params, _ = _proposals.claim(
-            study._storage, study._study_id, trial, candidates, key, pending
+            study._storage, study._study_id, trial, candidates, key, pending, known.__contains__
         )
+        self._late.record(trial._trial_id, params)
         return params
 
     def _randoms(
@@ -594,8 +602,11 @@ class QUBOSampler(BaseSampler):
             order = np.concatenate([order[ok], order[~ok]])
             info["predicted_feasible"] = int(ok.sum())
         decoded = (layout.decode(solution.codes[i]) for i in order)
-        randoms = self._randoms(layout, rng, list(codes) + busy)
-        params = self._claim(study, trial, layout, itertools.chain(decoded, randoms), pending)
+        seen = list(codes) + busy
+        randoms = self._randoms(layout, rng, seen)
+        params = self._claim(
+            study, trial, layout, itertools.chain(decoded, randoms), pending, seen
+        )
         info["params"] = params
         claimed = layout.encode(params)
         for i in order:  # the surrogate energy of the claimed code, when the solver found it
@@ -636,7 +647,19 @@ class QUBOSampler(BaseSampler):
         self._check_single_objective(study)
         if isinstance(param_distribution, FloatDistribution) and self._float_grid is None:
             _slots(param_name, param_distribution, None)  # raises the float error
+        found, value = self._late.value(
+            trial, param_name, param_distribution, lambda: self._late_proposal(study, trial)
+        )
+        if found:
+            return value
         return self._independent.sample_independent(study, trial, param_name, param_distribution)
+
+    def _late_proposal(self, study: optuna.Study, trial: FrozenTrial) -> dict[str, Any] | None:
+        """A whole proposal for a trial that started before the study recorded its
+        hierarchical space (see ``_proposals.LateProposals``); ``None`` without one."""
+        if self._hierarchical_space(study) is None:
+            return None
+        return self.sample_relative(study, trial, self.infer_relative_search_space(study, trial))
 
     def before_trial(self, study: optuna.Study, trial: FrozenTrial) -> None:
         self._independent.before_trial(study, trial)
@@ -650,4 +673,5 @@ class QUBOSampler(BaseSampler):
     ) -> None:
         if self._constraints_func is not None:
             process_constraints_after_trial(self._constraints_func, study, trial, state)
+        self._late.forget(trial._trial_id)
         self._independent.after_trial(study, trial, state, values)

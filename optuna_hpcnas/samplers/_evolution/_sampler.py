@@ -7,6 +7,7 @@ from collections.abc import Hashable
 from collections.abc import Iterator
 from collections.abc import Mapping
 from collections.abc import Sequence
+import itertools
 import math
 import threading
 from typing import Any
@@ -232,6 +233,7 @@ class EvolutionarySampler(BaseSampler):
         self._independent = independent_sampler or PerTrialRandomSampler(self._seed)
         self._lock = threading.Lock()
         self._caches: dict[tuple[int, int], StudyCache] = {}
+        self._late = _proposals.LateProposals()
 
     @staticmethod
     def _check_surrogate(surrogate: Any) -> Surrogate | None:
@@ -335,7 +337,20 @@ class EvolutionarySampler(BaseSampler):
         param_name: str,
         param_distribution: BaseDistribution,
     ) -> Any:
+        found, value = self._late.value(
+            trial, param_name, param_distribution, lambda: self._late_proposal(study, trial)
+        )
+        if found:
+            return value
         return self._independent.sample_independent(study, trial, param_name, param_distribution)
+
+    def _late_proposal(self, study: Study, trial: FrozenTrial) -> dict[str, Any] | None:
+        """A whole child for a trial that started before the study recorded its
+        hierarchical space (see ``_proposals.LateProposals``); ``None`` without one."""
+        with self._lock:
+            cache = self._cache(study)
+            space = dict(cache.space_distributions or {})
+        return self.sample_relative(study, trial, space) if space else None
 
     def before_trial(self, study: Study, trial: FrozenTrial) -> None:
         self._independent.before_trial(study, trial)
@@ -349,6 +364,7 @@ class EvolutionarySampler(BaseSampler):
     ) -> None:
         if self._constraints_func is not None:
             process_constraints_after_trial(self._constraints_func, study, trial, state)
+        self._late.forget(trial._trial_id)
         self._independent.after_trial(study, trial, state, values)
 
     # ------------------------------------------------------------------ sampling
@@ -374,8 +390,11 @@ class EvolutionarySampler(BaseSampler):
                     )
             cache.update(trial.number, self._population_size)
             rng = self._rng(trial.number)
+            avoid = self._avoid_duplicates
             if hierarchical:
                 assert space is not None
+                # Once every architecture was seen, avoiding duplicates only costs time.
+                avoid = avoid and cache.num_seen < cache.space_cardinality
                 origin, alternatives = self._child_of_space(cache, space, rng)
                 key_fn = self._arch_key_fn(space)
             else:
@@ -384,7 +403,7 @@ class EvolutionarySampler(BaseSampler):
 
             def candidates() -> Iterator[dict[str, Any]]:
                 yield origin["params"]
-                if self._avoid_duplicates:
+                if avoid:
                     yield from alternatives
 
             params, skipped = _proposals.claim(
@@ -392,8 +411,9 @@ class EvolutionarySampler(BaseSampler):
                 study._study_id,
                 trial,
                 ({k: v for k, v in p.items() if k in search_space} for p in candidates()),
-                key_fn if self._avoid_duplicates else (lambda p: None),
+                key_fn if avoid else (lambda p: None),
                 cache.pending_ids,
+                seen=cache.is_seen if avoid else None,
             )
             origin["params"] = params
             if skipped:
@@ -401,6 +421,7 @@ class EvolutionarySampler(BaseSampler):
             if self._avoid_duplicates:
                 cache.mark_seen(trial.number, params)
         study._storage.set_trial_system_attr(trial._trial_id, _keys.EVOLUTION_ORIGIN, origin)
+        self._late.record(trial._trial_id, params)
         return params
 
     @staticmethod
@@ -463,9 +484,8 @@ class EvolutionarySampler(BaseSampler):
                 params = space.to_params(space.sample(rng))
             return params
 
-        def randoms() -> Iterator[dict[str, Any]]:
-            while True:
-                yield random_child()
+        def tail() -> Iterator[dict[str, Any]]:
+            return self._unseen_tail(cache, space, rng, key_fn, avoid, random_child)
 
         origin = _random_origin()
         parents = self._parents(cache, rng)
@@ -474,14 +494,14 @@ class EvolutionarySampler(BaseSampler):
             parent_arch = self._architecture(space, parents[0].params)
         if parents is None or parent_arch is None:
             origin["params"] = random_child()
-            return origin, randoms()
+            return origin, tail()
         first, second = parents
         if self._surrogate is not None and second is None:
             screened = self._screened_child(cache, space, rng, first, key_fn, avoid, random_child)
             if screened is not None:
                 origin.update(operation="screened", parent=first.number)
                 origin["params"] = screened[0]
-                return origin, iter(screened[1:] + [random_child() for _ in range(4)])
+                return origin, itertools.chain(screened[1:], tail())
         base = parent_arch
         origin["parent"] = first.number
         origin["operation"] = "mutation"
@@ -503,11 +523,11 @@ class EvolutionarySampler(BaseSampler):
             if unseen(params):
                 origin["level"] = level
                 origin["params"] = params
-                return origin, iter(order + [random_child() for _ in range(4)])
+                return origin, itertools.chain(order, tail())
         if order:
             origin["operation"] = "neighbour"
             origin["params"] = order[0]
-            return origin, iter(order[1:] + [random_child() for _ in range(4)])
+            return origin, itertools.chain(order[1:], tail())
         return self._unseen_child(cache, space, rng, key_fn, avoid, random_child)
 
     def _screened_child(
@@ -574,23 +594,33 @@ class EvolutionarySampler(BaseSampler):
     ) -> tuple[dict[str, Any], Iterator[dict[str, Any]]]:
         """No child from the parents: an unseen architecture drawn exactly (small spaces) or
         at random."""
-
-        def randoms() -> Iterator[dict[str, Any]]:
-            while True:
-                yield random_child()
-
         origin = _random_origin()
+        tail = self._unseen_tail(cache, space, rng, key_fn, avoid, random_child)
+        origin["params"] = next(tail)
+        return origin, tail
+
+    def _unseen_tail(
+        self,
+        cache: StudyCache,
+        space: HierarchicalSearchSpace,
+        rng: np.random.Generator,
+        key_fn: Callable[[dict[str, Any]], Any],
+        avoid: bool,
+        random_child: Callable[[], dict[str, Any]],
+    ) -> Iterator[dict[str, Any]]:
+        """Every architecture unseen at the first read, in random order (small spaces), or
+        endless random draws: the end of the candidates, so that a claim finds a free one
+        while any is left however many the other workers hold."""
         if avoid and cache.space_cardinality <= _ENUMERABLE:
-            # A small space: draw exactly among the architectures never seen.
             left = cache.unseen(
                 lambda: [(key_fn(p), p) for p in map(space.to_params, space.enumerate())]
             )
             if left:
-                picks = rng.permutation(len(left))[: _proposals.MAX_ROUNDS]
-                origin["params"] = dict(left[int(picks[0])])
-                return origin, (dict(left[int(i)]) for i in picks[1:])
-        origin["params"] = random_child()
-        return origin, randoms()
+                for i in rng.permutation(len(left)):
+                    yield dict(left[int(i)])
+                return
+        while True:
+            yield random_child()
 
     def _screened(
         self,
