@@ -6,6 +6,7 @@ launch against one SQLite study, groups of one rank (each rank its own group, we
 averaged between groups every trial). Peer in the same run: the 1-rank launch.
 
     python bench/distributed_throughput.py [--ranks 1 2 4] [--trials-per-rank 6] [--ask-ahead auto]
+        [--config bench|starter] [--storage postgresql+psycopg://postgres@127.0.0.1/test]
 
 On a machine with fewer cores than ranks the ranks share cores, so trials/s cannot scale
 past the core count; the compute share still shows what the framework costs per rank.
@@ -14,6 +15,7 @@ past the core count; the compute share still shows what the framework costs per 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -24,11 +26,16 @@ import time
 
 import optuna
 
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = """
 [study]
 name = "throughput"
-storage = "sqlite:///{db}"
+storage = "{storage}"
 n_trials = {n_trials}
 [space]
 preset = "digits-small"
@@ -64,18 +71,40 @@ def mpirun() -> str:
     return str(beside) if beside.exists() else "mpirun"
 
 
-def run(n: int, trials_per_rank: int, steps: int, ask_ahead: str, workdir: Path) -> dict:
-    db = workdir / f"r{n}.db"
-    cfg = workdir / f"r{n}.toml"
-    cfg.write_text(
-        CONFIG.format(
-            db=db,
-            n_trials=n * trials_per_rank,
+def write_config(
+    path: Path, n_trials: int, steps: int, ask_ahead: str, starter: bool, storage: str
+) -> str:
+    """The bench's config, or ``hpcnas init``'s starter config (``--config starter``) with
+    the study, budget and ``ask_ahead`` of this run; returns the study name."""
+    if starter:
+        import tomli_w
+
+        from optuna_hpcnas.cli import STARTER
+
+        data = tomllib.loads(STARTER)
+        data["study"].update(name="throughput", storage=storage, n_trials=n_trials)
+        data.setdefault("distributed", {})["ask_ahead"] = ask_ahead
+        path.write_text(tomli_w.dumps(data))
+    else:
+        text = CONFIG.format(
+            storage=storage,
+            n_trials=n_trials,
             steps=steps,
             supernet_steps=steps // 2,
             ask_ahead=ask_ahead,
         )
-    )
+        path.write_text(text)
+    return "throughput"
+
+
+def run(n: int, args: argparse.Namespace, workdir: Path) -> dict:
+    storage = args.storage or f"sqlite:///{workdir / f'r{n}.db'}"
+    if args.storage:  # a server: a new study per launch
+        with contextlib.suppress(KeyError):
+            optuna.delete_study(study_name="throughput", storage=storage)
+    cfg = workdir / f"r{n}.toml"
+    n_trials = n * args.trials_per_rank
+    write_config(cfg, n_trials, args.steps, args.ask_ahead, args.config == "starter", storage)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     cmd = [mpirun(), "-n", str(n), sys.executable, "-m", "mpi4py", "-m"]
     cmd += ["optuna_hpcnas", "-q", "run", "--config", str(cfg), "--no-progress"]
@@ -84,7 +113,7 @@ def run(n: int, trials_per_rank: int, steps: int, ask_ahead: str, workdir: Path)
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         raise RuntimeError(proc.stderr[-3000:])
-    study = optuna.load_study(study_name="throughput", storage=f"sqlite:///{db}")
+    study = optuna.load_study(study_name="throughput", storage=storage)
     trials = [t for t in study.get_trials() if t.state.is_finished()]
     first = min(t.datetime_start for t in trials if t.datetime_start)
     last = max(t.datetime_complete for t in trials if t.datetime_complete)
@@ -101,6 +130,10 @@ def run(n: int, trials_per_rank: int, steps: int, ask_ahead: str, workdir: Path)
     }
 
 
+def storage_name(url: str) -> str:
+    return "SQLite" if not url else url.split(":", 1)[0].split("+", 1)[0]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 4])
@@ -109,15 +142,27 @@ def main() -> None:
     parser.add_argument(
         "--ask-ahead", default="auto", choices=("auto", "on", "off"), help="[distributed]"
     )
+    parser.add_argument(
+        "--config",
+        default="bench",
+        choices=("bench", "starter"),
+        help="this bench's config, or the `hpcnas init` starter config (staged pruner, "
+        "evolutionary sampler, 1-epoch quick stage)",
+    )
+    parser.add_argument("--storage", default="", help="a server URL (default: SQLite files)")
     args = parser.parse_args()
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         for n in args.ranks:
-            results.append(run(n, args.trials_per_rank, args.steps, args.ask_ahead, Path(tmp)))
+            results.append(run(n, args, Path(tmp)))
     base = results[0]["trials"] / results[0]["window"]
-    print(
-        f"digits-small search, {os.cpu_count()} CPU cores, {args.steps} steps x 3 epochs/trial\n"
+    what = (
+        "the `hpcnas init` starter config"
+        if args.config == "starter"
+        else f"{args.steps} steps x 3 epochs/trial"
     )
+    where = storage_name(args.storage)
+    print(f"digits-small search, {os.cpu_count()} CPU cores, {what}, {where}\n")
     print(
         f"{'ranks':>5} {'trials':>6} {'search s':>8} {'trials/s':>8} {'vs 1 rank':>9} "
         f"{'job s':>6} {'compute (loop)':>14} {'compute (wall)':>14} {'sync MB':>8}"
