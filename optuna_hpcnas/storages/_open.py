@@ -24,6 +24,7 @@ import contextlib
 import json
 import logging
 import os
+import time
 from typing import Any
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
@@ -282,12 +283,46 @@ def _configure_sqlite(engine: Any, *, write_ahead_log: bool) -> None:
             cursor.close()
 
     def on_begin(connection: Any) -> None:
-        connection.exec_driver_sql("BEGIN IMMEDIATE")
+        if write_ahead_log:
+            _begin_immediate(connection.connection.driver_connection, timeout=_SQLITE_TIMEOUT)
+        else:
+            connection.exec_driver_sql("BEGIN IMMEDIATE")
 
     sqlalchemy.event.listen(engine, "connect", on_connect)
     sqlalchemy.event.listen(engine, "begin", on_begin)
     # Connections pooled while Optuna created the schema predate the hooks.
     engine.dispose()
+
+
+_SQLITE_TIMEOUT = 60.0  # seconds a SQLite writer waits for the lock before it fails
+
+
+def _begin_immediate(connection: Any, *, timeout: float) -> None:
+    """``BEGIN IMMEDIATE`` on a write-ahead-logged SQLite file, trying again every 0.2-2 ms.
+
+    SQLite's own busy handler sleeps up to 100 ms between tries, so with several processes
+    a writer often sleeps long after the lock was released. Once the lock is held, nothing
+    else in a write-ahead-logged transaction waits for another connection, so the busy
+    timeout is lifted only for this statement (written by hand: Python's sqlite3 has no
+    busy-handler hook).
+    """
+    import sqlite3
+
+    connection.execute("PRAGMA busy_timeout = 0")
+    try:
+        deadline = time.monotonic() + timeout
+        delay = 0.0002
+        while True:
+            try:
+                connection.execute("BEGIN IMMEDIATE")
+                return
+            except sqlite3.OperationalError as e:
+                if "locked" not in str(e) or time.monotonic() > deadline:
+                    raise
+            time.sleep(delay)
+            delay = min(2 * delay, 0.002)
+    finally:
+        connection.execute(f"PRAGMA busy_timeout = {int(timeout * 1000)}")
 
 
 def _rdb_storage_unchecked(
@@ -307,7 +342,7 @@ def _rdb_storage_unchecked(
     engine_kwargs: dict[str, Any] = {}
     if kind == "sqlite":
         # As heartbeat_storage: checkpoint blobs share the file, so writers queue, not fail.
-        engine_kwargs["connect_args"] = {"timeout": 60}
+        engine_kwargs["connect_args"] = {"timeout": _SQLITE_TIMEOUT}
     return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
 
 

@@ -264,3 +264,30 @@ def test_sqlite_uses_the_write_ahead_log_on_local_disks_only(tmp_path: Path) -> 
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "3"
+
+
+def test_a_writer_waits_for_the_sqlite_lock_and_gives_up_at_its_timeout(tmp_path: Path) -> None:
+    import sqlite3
+    import threading
+
+    from optuna_hpcnas.storages._open import _begin_immediate
+
+    path = tmp_path / "lock.db"
+    holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    holder.execute("PRAGMA journal_mode=WAL")
+    holder.execute("CREATE TABLE t (x INTEGER)")
+    holder.execute("BEGIN IMMEDIATE")
+    writer = sqlite3.connect(path, isolation_level=None, timeout=5)
+    with pytest.raises(sqlite3.OperationalError, match="locked"):
+        _begin_immediate(writer, timeout=0.05)
+    assert writer.execute("PRAGMA busy_timeout").fetchone()[0] == 50  # restored
+    release = threading.Timer(0.1, holder.execute, args=("COMMIT",))
+    release.start()
+    started = time.perf_counter()
+    _begin_immediate(writer, timeout=5)  # got the lock once it was released
+    waited = time.perf_counter() - started
+    writer.execute("INSERT INTO t VALUES (1)")
+    writer.execute("COMMIT")
+    release.join()
+    assert 0.05 < waited < 5
+    assert holder.execute("SELECT count(*) FROM t").fetchone()[0] == 1
