@@ -161,9 +161,31 @@ def return_to_queue(trial: optuna.Trial) -> bool:
     from optuna.trial import TrialState
 
     try:
-        return bool(trial.storage.set_trial_state_values(trial._trial_id, TrialState.WAITING))
+        if not trial.storage.set_trial_state_values(trial._trial_id, TrialState.WAITING):
+            return False
     except UpdateFinishedTrialError:
         return False
+    _forget_heartbeat(trial)
+    return True
+
+
+def _forget_heartbeat(trial: optuna.Trial) -> None:
+    """Delete the heartbeat record of a trial put back in the queue (RDB storages).
+
+    Optuna takes a RUNNING trial with an old heartbeat for a dead worker's; without this, the
+    next worker to pop the trial would race every other worker's sweep until its first
+    heartbeat, and lose the trial when a sweep came first.
+    """
+    rdb = _rdb_storage(trial.storage)
+    if rdb is None:
+        return
+    from optuna.storages._rdb import models
+    from optuna.storages._rdb.storage import _create_scoped_session
+
+    with _create_scoped_session(rdb.scoped_session, True) as session:
+        session.query(models.TrialHeartbeatModel).filter(
+            models.TrialHeartbeatModel.trial_id == trial._trial_id
+        ).delete()
 
 
 @contextlib.contextmanager

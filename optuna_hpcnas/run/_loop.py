@@ -316,9 +316,7 @@ class GroupLoop:
 
     def _pop(self) -> optuna.Trial | None:
         assert self.study is not None
-        if self._timed_out():
-            return None
-        with self._io.track("storage"):
+        with self._io.track("storage"):  # the timeout is the main thread's to check
             self._sweep()
             trial: optuna.Trial | None
             if self.config.study.n_trials is None:
@@ -337,17 +335,28 @@ class GroupLoop:
         if told is not None:
             with self._io.track("storage"):
                 wait_futures([told])
+        from optuna.exceptions import UpdateFinishedTrialError
+
         while True:
             trial = self._pop()
             if trial is None:
                 return None
             started = time.perf_counter()
-            with self._io.track("sampler"):
-                arch = self.space.suggest(trial)
-            if self.observe_ask is not None:
-                self.observe_ask(time.perf_counter() - started)
-            with self._io.track("storage"):
-                _records.record_architecture(trial, arch)
+            try:
+                with self._io.track("sampler"):
+                    arch = self.space.suggest(trial)
+                if self.observe_ask is not None:
+                    self.observe_ask(time.perf_counter() - started)
+                with self._io.track("storage"):
+                    _records.record_architecture(trial, arch)
+            except UpdateFinishedTrialError:
+                # A sweep took the trial for a dead worker's before its first heartbeat or
+                # lease renewal, and queued its retry: leave both to the others.
+                self._release(trial)
+                _logger.warning(
+                    "Trial %d was recovered while it was asked; asking again.", trial.number
+                )
+                continue
             excess = arch.cluster.ranks - self.group.size
             if excess > 0:
                 self._tell_infeasible(trial, arch, excess)

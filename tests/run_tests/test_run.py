@@ -236,14 +236,17 @@ def test_asking_ahead_overlaps_the_ask_and_a_timeout_gives_the_asked_trial_back(
 
     # The timeout ends the run while the next trial is asked: it goes back to the queue with
     # its architecture, and the resumed run evaluates that architecture.
-    timed = {"name": "timed", "n_trials": 15}
+    timed = {"name": "timed", "n_trials": 6}
+    sections["objective"] = {"max_batches_per_epoch": 60}
+    sections["data"] = {"max_samples": 1797}
     study = _run(tmp_path, study={**timed, "timeout": 1.0}, **sections)
     by_state = {s: study.get_trials(states=(s,)) for s in optuna.trial.TrialState}
-    finished = by_state[COMPLETE]
-    assert 0 < len(finished) < 15 and not by_state[optuna.trial.TrialState.RUNNING]
+    done = [t.number for t in by_state[COMPLETE]]
+    assert done == list(range(len(done))) and 0 < len(done) < 6
+    assert not by_state[optuna.trial.TrialState.RUNNING]
     asked = [t for t in by_state[optuna.trial.TrialState.WAITING] if t.params]
-    assert len(asked) == 1 and asked[0].number == max(t.number for t in finished) + 1
+    assert [t.number for t in asked] == [len(done)]
     study = _run(tmp_path, study=timed, **sections)  # resumes the queue, adds nothing
     trials = study.get_trials()
-    assert len(trials) == 15 and all(t.state == COMPLETE for t in trials)
-    assert trials[asked[0].number].params == asked[0].params
+    assert len(trials) == 6 and all(t.state == COMPLETE for t in trials)
+    assert trials[len(done)].params == asked[0].params

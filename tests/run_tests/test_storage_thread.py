@@ -82,8 +82,10 @@ def test_drain_is_counted_as_drain_outside_the_loop_window() -> None:
 def test_a_trial_given_back_keeps_its_parameters(tmp_path: Path, kind: str) -> None:
     from optuna_hpcnas import HierarchicalSearchSpace
 
+    storage: optuna.storages.BaseStorage
     if kind == "sqlite":
-        storage: str | optuna.storages.BaseStorage = f"sqlite:///{tmp_path / 'q.db'}"
+        url = f"sqlite:///{tmp_path / 'q.db'}"
+        storage = optuna.storages.RDBStorage(url, heartbeat_interval=1, grace_period=1)
     else:
         backend = optuna.storages.journal.JournalFileBackend(str(tmp_path / "q.log"))
         storage = optuna.storages.JournalStorage(backend)
@@ -93,11 +95,17 @@ def test_a_trial_given_back_keeps_its_parameters(tmp_path: Path, kind: str) -> N
     trial = _records.pop_waiting_trial(study, sqlite_path=None)
     assert trial is not None
     arch = space.suggest(trial)
+    if kind == "sqlite":
+        storage.record_heartbeat(trial._trial_id)  # type: ignore[attr-defined]
+        time.sleep(2.2)  # the heartbeat is stale now (SQLite keeps whole seconds)
     assert _records.return_to_queue(trial)
     (waiting,) = study.get_trials(states=(optuna.trial.TrialState.WAITING,))
     assert waiting.number == trial.number
     again = _records.pop_waiting_trial(study, sqlite_path=None)
     assert again is not None and again.number == trial.number
+    # its old heartbeat went with the give-back: a sweep does not take it for a dead one
+    optuna.storages.fail_stale_trials(study)
+    assert study.get_trials()[0].state == optuna.trial.TrialState.RUNNING
     assert space.suggest(again) == arch  # the same architecture, not a new draw
     study.tell(again, 0.5)
     assert not _records.return_to_queue(again)  # finished: left alone
