@@ -221,18 +221,17 @@ class StagedPruner(BasePruner):
             storage.set_trial_system_attr(trial_id, _keys.PRUNER_STAGE_REACHED, name)
 
         finite = [(s, v) for s, v in values.items() if math.isfinite(v)]
-        if not finite:
+        stop = self._possible_stop(finite, step, maximize)
+        if stop == "no finite value":
             storage.set_trial_system_attr(trial_id, _keys.PRUNER_REASON, "no finite value")
             return True
-        best = max(v for _, v in finite) if maximize else min(v for _, v in finite)
-
-        if plan.patience and self._stalled(finite, step, maximize):
+        if stop == "patience":
             reason = f"no improvement for {plan.patience} epochs (stage {name!r}, epoch {step})"
             storage.set_trial_system_attr(trial_id, _keys.PRUNER_REASON, reason)
             storage.set_trial_system_attr(trial_id, _keys.PRUNER_EARLY_STOPPED, step)
             return True
-
-        if step in plan.boundaries and stage < len(plan.stages) - 1:
+        if stop == "stage boundary":
+            best = max(v for _, v in finite) if maximize else min(v for _, v in finite)
             key = _keys.PRUNER_STAGE_VALUE + name
             if key not in trial.system_attrs:
                 storage.set_trial_system_attr(trial_id, key, best)
@@ -253,20 +252,28 @@ class StagedPruner(BasePruner):
         """Whether :meth:`prune` could return ``True`` for a trial with these intermediate
         values, judged from the trial's own values only (``False``: it surely continues).
 
-        The runner reports such epochs without waiting for the storage. This mirrors
-        :meth:`prune`'s three stops: no finite value, a patience stop, a stage boundary
-        (the only one that needs other trials).
+        The runner reports such epochs without waiting for the storage.
         """
         if not intermediate_values:
             return False
         step = max(intermediate_values)
         finite = [(s, v) for s, v in intermediate_values.items() if math.isfinite(v)]
-        if not finite:
-            return True
+        return self._possible_stop(finite, step, maximize) is not None
+
+    def _possible_stop(
+        self, finite: list[tuple[int, float]], step: int, maximize: bool
+    ) -> str | None:
+        """Which of :meth:`prune`'s stops applies at ``step``, from the trial's own finite
+        values: ``"no finite value"``, ``"patience"``, ``"stage boundary"`` (a promotion
+        decision, which needs the other trials) or ``None`` (it continues)."""
         plan = self._plan
+        if not finite:
+            return "no finite value"
         if plan.patience and self._stalled(finite, step, maximize):
-            return True
-        return step in plan.boundaries and plan.stage_index(step) < len(plan.stages) - 1
+            return "patience"
+        if step in plan.boundaries and plan.stage_index(step) < len(plan.stages) - 1:
+            return "stage boundary"
+        return None
 
     def _stalled(self, finite: list[tuple[int, float]], step: int, maximize: bool) -> bool:
         patience, delta = self._plan.patience, self._plan.min_delta
