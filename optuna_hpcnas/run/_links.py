@@ -40,7 +40,7 @@ class LeaderLink:
     Its storage writes go to the leader's ``StorageThread`` in order; it waits for a report
     only when the pruner's verdict could be "stop" (``verdict_needed``), so the decisions
     are the ones a synchronous loop takes. ``population`` is the one read at the ask, when
-    the storage thread fetched it there.
+    the ask thread fetched it there.
     """
 
     def __init__(
@@ -104,7 +104,7 @@ class LeaderLink:
             return self._channel.share(decision), fault
 
     def _report(self, epoch: int, value: float | None, fault: str | None) -> Decision:
-        """``report_epoch`` on the storage thread; its verdict is awaited only when it could
+        """``report_epoch`` on the write thread; its verdict is awaited only when it could
         be anything but "continue"."""
         if fault is not None:
             return Decision.FAIL

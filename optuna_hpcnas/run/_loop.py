@@ -2,7 +2,7 @@
 
 Leader, main thread::
 
-    next task (the ask, done on the storage thread) -> share the TrialTask with the group
+    next task (the ask, done on the ask thread) -> share the TrialTask with the group
     every rank: TrialEvaluator.evaluate(arch, link, GroupEngine)   (the one core)
     leader: queue the tell -> average shared weights between groups -> checkpoints
 
@@ -147,7 +147,7 @@ class GroupLoop:
     # ------------------------------------------------------------------ the loop
     def run(self) -> None:
         """The loop, inside the tracker's loop window: it ends with the rank's last trial;
-        the storage thread's last writes are waited for after it (``drain``)."""
+        the storage threads' last calls are waited for after it (``drain``)."""
         try:
             with self.tracker.loop():
                 self._run()
@@ -241,7 +241,7 @@ class GroupLoop:
 
     # ------------------------------------------------------------------ leader: asking
     def _next_taken(self) -> Task | None:
-        """The scheduler's source (main thread): the ask queued on the storage thread, the
+        """The scheduler's source (main thread): the ask queued on the ask thread, the
         next one queued at once when asking ahead; the cost estimate is made here because
         it runs the shared supernet."""
         assert self._asks is not None
@@ -303,20 +303,20 @@ class GroupLoop:
             self._swept = now
             recover_dead_trials(self.study, self.config)
 
-    # ------------------------------------------------------------------ leader: storage thread
+    # ------------------------------------------------------------------ leader: storage threads
     def _timed_out(self) -> bool:
         timeout = self.config.study.timeout
         return timeout is not None and time.monotonic() - self._start >= timeout
 
     @property
-    def _io(self) -> UtilisationTracker:
+    def _ask_tracker(self) -> UtilisationTracker:
         """The ask thread's tracker (the calls below, but the tell, run there)."""
         assert self._asks is not None
         return self._asks.tracker
 
     def _pop(self) -> optuna.Trial | None:
         assert self.study is not None
-        with self._io.track("storage"):  # the timeout is the main thread's to check
+        with self._ask_tracker.track("storage"):  # the timeout is the main thread's to check
             self._sweep()
             trial: optuna.Trial | None
             if self.config.study.n_trials is None:
@@ -333,7 +333,7 @@ class GroupLoop:
         thread's own check)."""
         assert self.study is not None
         if told is not None:
-            with self._io.track("storage"):
+            with self._ask_tracker.track("storage"):
                 wait_futures([told])
         from optuna.exceptions import UpdateFinishedTrialError
 
@@ -343,11 +343,11 @@ class GroupLoop:
                 return None
             started = time.perf_counter()
             try:
-                with self._io.track("sampler"):
+                with self._ask_tracker.track("sampler"):
                     arch = self.space.suggest(trial)
                 if self.observe_ask is not None:
                     self.observe_ask(time.perf_counter() - started)
-                with self._io.track("storage"):
+                with self._ask_tracker.track("storage"):
                     _records.record_architecture(trial, arch)
             except UpdateFinishedTrialError:
                 # A sweep took the trial for a dead worker's before its first heartbeat or
@@ -361,7 +361,7 @@ class GroupLoop:
             if excess > 0:
                 self._tell_infeasible(trial, arch, excess)
                 continue
-            with self._io.track("storage"):
+            with self._ask_tracker.track("storage"):
                 plan = TrialPlan.for_study(self.study, self.config.objective, self.config.stages)
                 population = None
                 if self.config.objective.population_steps:
@@ -376,7 +376,7 @@ class GroupLoop:
             f"data_parallel x pipeline_stages = {arch.cluster.ranks} exceeds the "
             f"{self.group.size} ranks of evaluation group {self.group.index}"
         )
-        with self._io.track("storage"):
+        with self._ask_tracker.track("storage"):
             key = f"constraints:{_keys.CLUSTER_RANKS_CONSTRAINT}"
             # the space records the same constraint itself when it knows max_ranks
             if key not in trial.storage.get_trial_system_attrs(trial._trial_id):
