@@ -136,17 +136,21 @@ def add_budget(study: optuna.Study, n: int) -> None:
         study.add_trial(optuna.trial.create_trial(state=TrialState.WAITING))
 
 
-def pop_waiting_trial(study: optuna.Study, *, sqlite_path: str | None) -> optuna.Trial | None:
+def pop_waiting_trial(study: optuna.Study) -> optuna.Trial | None:
     """The next WAITING trial, taken atomically (``None`` when the queue is empty).
 
-    As ``study.ask`` does, the cache is dropped first so the sampler sees the trials other
-    workers finished meanwhile.
+    Optuna pops with a read-check-write of the trial's state. PostgreSQL and MySQL lock the
+    row (``SELECT ... FOR UPDATE``); on SQLite, ``optuna_hpcnas.storages.open_storage`` makes
+    every transaction ``BEGIN IMMEDIATE``, so the check and the write hold SQLite's own write
+    lock. (No file lock of ours: opening and closing the database file in a process that has
+    SQLite connections to it drops SQLite's POSIX locks and lets another process delete the
+    write-ahead log under it.) As ``study.ask`` does, the cache is dropped first so the sampler
+    sees the trials other workers finished meanwhile.
     """
     import optuna
 
     study._thread_local.cached_all_trials = None
-    with _file_lock(sqlite_path):
-        trial_id = study._pop_waiting_trial_id()
+    trial_id = study._pop_waiting_trial_id()
     return None if trial_id is None else optuna.trial.Trial(study, trial_id)
 
 
@@ -186,29 +190,6 @@ def _forget_heartbeat(trial: optuna.Trial) -> None:
         session.query(models.TrialHeartbeatModel).filter(
             models.TrialHeartbeatModel.trial_id == trial._trial_id
         ).delete()
-
-
-@contextlib.contextmanager
-def _file_lock(path: str | None) -> Iterator[None]:
-    """Serialise popping among the processes of one SQLite file.
-
-    Optuna pops a waiting trial with a read-then-update that relies on ``SELECT ... FOR
-    UPDATE``; SQLite ignores row locks, and two leaders were seen to pop the same trial. An
-    advisory ``flock`` on the database file itself closes that window without a lock file
-    (flock and SQLite's own POSIX locks do not interact on Linux). PostgreSQL and MySQL lock
-    the row themselves.
-    """
-    if path is None:
-        yield
-        return
-    import fcntl
-
-    with open(path, "rb") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def sqlite_path(url: str | None) -> str | None:

@@ -334,11 +334,19 @@ def _pick_trial(study: optuna.Study, number: int | None) -> FrozenTrial:
 
 
 def _run_data(args: argparse.Namespace, study: optuna.Study) -> Any:
-    """The task of the run: ``--config``'s ``[data]``, else the one the run recorded."""
+    """The task of the run: ``--config``'s ``[data]``, else the one the run recorded.
+
+    A study record is data anyone who can write to the storage may have written, so a
+    ``factory`` read back from it is never imported: factory data needs ``--config`` or the
+    factory typed on this command line (``--data-factory``).
+    """
+    from dataclasses import replace
+
     from optuna_hpcnas._records import run_data_of
     from optuna_hpcnas.config import DataConfig
     from optuna_hpcnas.data import DataError
 
+    typed_factory = getattr(args, "data_factory", None)
     if getattr(args, "config", None):
         data = _given_config(args).data
     else:
@@ -348,7 +356,25 @@ def _run_data(args: argparse.Namespace, study: optuna.Study) -> Any:
                 f"study {study.study_name!r} records no data set (it was not made by "
                 "`hpcnas run`): pass --config with the run's [data] table"
             )
-        data = DataConfig(**recorded)
+        if recorded.get("factory") is not None and typed_factory is None:
+            raise CLIError(
+                f"study {study.study_name!r} was searched on data from the factory "
+                f"{str(recorded['factory'])!r}; code named in a study record is never run: "
+                "pass --config with the run's [data] table, or --data-factory "
+                "package.module:function"
+            )
+        try:
+            data = DataConfig(**recorded)
+        except (TypeError, ValueError) as e:
+            raise CLIError(
+                f"study {study.study_name!r} records a [data] table that is not valid ({e}): "
+                "pass --config with the run's [data] table"
+            ) from None
+    if typed_factory is not None:
+        try:
+            data = replace(data, factory=typed_factory)
+        except ValueError as e:
+            raise CLIError(f"--data-factory: {e}") from None
     try:
         return data.load()
     except (DataError, FileNotFoundError) as e:
@@ -816,8 +842,17 @@ def _add_best_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top", type=int, default=5, help="how many (single objective)")
 
 
+def _add_data_factory_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--data-factory",
+        metavar="MODULE:FUNCTION",
+        help="the [data] factory to call (a factory recorded in the study is never run)",
+    )
+
+
 def _add_export_args(p: argparse.ArgumentParser) -> None:
     _add_study_args(p)
+    _add_data_factory_arg(p)
     p.add_argument("--trial", type=int, help="export this trial instead of the best")
     p.add_argument("--out", default="hpcnas-export", help="output directory")
     p.add_argument("--no-onnx", action="store_true", help="skip the ONNX file")
@@ -870,6 +905,7 @@ def _add_template_args(p: argparse.ArgumentParser) -> None:
 
 def _add_deploy_args(p: argparse.ArgumentParser) -> None:
     _add_study_args(p)
+    _add_data_factory_arg(p)
     p.add_argument("--out", default="hpcnas-deploy", help="output directory")
     p.add_argument("--trial", type=int, help="deploy this trial instead of the best")
     p.add_argument(

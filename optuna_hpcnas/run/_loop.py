@@ -110,7 +110,6 @@ class GroupLoop:
         self.trials_done = 0
         self.trials_infeasible = 0
         self._start = time.monotonic()
-        self._sqlite = _records.sqlite_path(config.study.resolved_storage())
         self._scheduler = self._make_scheduler() if group.is_leader else None
         # the leader's storage threads: the trial's writes, and the asks (the sampler)
         self._writes = StorageThread(tracker) if group.is_leader else None
@@ -322,7 +321,7 @@ class GroupLoop:
             if self.config.study.n_trials is None:
                 trial = self.study.ask()
             else:
-                trial = _records.pop_waiting_trial(self.study, sqlite_path=self._sqlite)
+                trial = _records.pop_waiting_trial(self.study)
             if trial is not None:
                 self._keep_alive(trial)
             return trial
@@ -411,6 +410,8 @@ class GroupLoop:
                     self.study.tell(trial, state=TrialState.PRUNED)
                 else:
                     self.study.tell(trial, state=TrialState.FAIL)
+            # after the write: a test holds every told result to what the storage keeps
+            _logger.debug("Trial %d told %s.", trial.number, outcome.state.upper())
         except UpdateFinishedTrialError:
             # Another worker took this trial for dead (no renewal for a grace period) and
             # queued it again; its retry will run, this result is dropped.

@@ -19,14 +19,16 @@ password masked. Optuna itself is imported only here, when a storage is opened.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-import contextlib
+from collections.abc import Callable
 import json
 import logging
 import os
+from pathlib import Path
+import random
 import time
 from typing import Any
 from typing import TYPE_CHECKING
+from typing import TypeVar
 from urllib.parse import urlsplit
 import warnings
 
@@ -38,9 +40,8 @@ if TYPE_CHECKING:
     from optuna_hpcnas.checkpoints import CheckpointConfig
 
 _logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
-# The first 16 bytes of every SQLite 3 database (optuna-dashboard checks the same header).
-_SQLITE_HEADER = b"SQLite format 3\x00"
 # A journal's first line is its first operation (create a study): small. Reading more than
 # this without a newline means the file is not a journal.
 _JOURNAL_PROBE_BYTES = 1 << 16
@@ -205,10 +206,12 @@ def _open_rdb(
     except sqlalchemy.exc.ArgumentError as e:
         raise _error(url, f"not a storage URL ({e})") from None
     sqlite_path = _sqlite_path(url, parsed.database) if kind == "sqlite" else None
-    lock = _sqlite_schema_lock(sqlite_path) if sqlite_path else contextlib.nullcontext()
     try:
-        with lock:
+        if sqlite_path is None:
             return _rdb_storage(url, kind, heartbeat_interval, grace_period, max_retry)
+        return _first_open_of_sqlite(
+            lambda: _rdb_storage(url, kind, heartbeat_interval, grace_period, max_retry)
+        )
     except StorageError:
         raise
     except sqlalchemy.exc.NoSuchModuleError:
@@ -370,9 +373,7 @@ def _sqlite_path(url: str, database: str | None) -> str | None:
     if not os.path.isdir(parent):
         raise _error(url, f"directory {parent} does not exist")
     if os.path.isfile(path) and os.path.getsize(path) > 0:
-        with open(path, "rb") as f:
-            header = f.read(len(_SQLITE_HEADER))
-        if header != _SQLITE_HEADER:
+        if not is_sqlite_database(path):
             hint = (
                 " (an Optuna journal: pass its path without sqlite:///)"
                 if _looks_like_journal(path)
@@ -380,6 +381,29 @@ def _sqlite_path(url: str, database: str | None) -> str | None:
             )
             raise _error(url, f"{path} is not a SQLite database{hint}")
     return path
+
+
+def is_sqlite_database(path: str) -> bool:
+    """Whether the existing file ``path`` is a SQLite database, asked of SQLite itself.
+
+    A read-only SQLite connection, not ``open()``: this process may hold SQLite connections to
+    the file, and closing a descriptor of our own would drop their POSIX locks (SQLite keeps
+    its own descriptors open while another connection of the process holds a lock).
+    """
+    import sqlite3
+
+    try:
+        connection = sqlite3.connect(f"{Path(path).resolve().as_uri()}?mode=ro", uri=True)
+    except sqlite3.Error:
+        return False
+    try:
+        connection.execute("PRAGMA schema_version").fetchone()
+    except sqlite3.DatabaseError as e:
+        # "file is not a database"; a locked or busy file is a database nonetheless
+        return "not a database" not in str(e)
+    finally:
+        connection.close()
+    return True
 
 
 # File systems whose locks and shared memory are local to one host (SQLite's write-ahead log
@@ -409,31 +433,32 @@ def on_local_filesystem(path: str, *, mounts: str = "/proc/mounts") -> bool:
     return fstype in _LOCAL_FILESYSTEMS
 
 
-@contextlib.contextmanager
-def _sqlite_schema_lock(path: str) -> Iterator[None]:
-    """Serialise Optuna's schema creation on one SQLite file across processes.
+# What SQLite says when another process created the same schema first.
+_SCHEMA_RACE = ("already exists", "UNIQUE constraint failed")
+_SCHEMA_TRIES = 20
 
-    Two processes creating the tables of a new file at once make the loser fail with
-    ``UNIQUE constraint failed: alembic_version``. An exclusive ``flock`` on the database file
-    itself (created empty first, which SQLite takes as a new database) makes the second wait
-    until the first has finished, and leaves no lock file behind. ``flock`` locks do not
-    interact with the POSIX byte-range locks SQLite itself uses (on local file systems; SQLite
-    on NFS is unsafe anyway).
+
+def _first_open_of_sqlite(open_once: Callable[[], T]) -> T:
+    """``open_once()``, tried again while another process is creating the same schema.
+
+    Two processes creating Optuna's tables in a new file at once make the loser fail with
+    ``table ... already exists`` or ``UNIQUE constraint failed: alembic_version``; a second
+    try finds the tables (``create_all`` checks first) and the version row. Nothing of ours
+    locks the database file: opening and closing it in a process that holds SQLite
+    connections to it would drop SQLite's own POSIX locks (SQLite's "How To Corrupt An SQLite
+    Database File", 2.2), and another process would then delete the write-ahead log in use.
     """
-    try:
-        import fcntl
-    except ImportError:  # Windows: no flock; SQLite there is single-user anyway.
-        yield
-        return
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+    import sqlalchemy.exc
+
+    rng = random.Random()  # jitter only: the outcome does not depend on it
+    for attempt in range(_SCHEMA_TRIES):
         try:
-            yield
-        finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-    finally:
-        os.close(fd)
+            return open_once()
+        except (sqlalchemy.exc.OperationalError, sqlalchemy.exc.IntegrityError) as e:
+            if attempt == _SCHEMA_TRIES - 1 or not any(m in str(e) for m in _SCHEMA_RACE):
+                raise
+            time.sleep(rng.uniform(0.01, 0.05) * (attempt + 1))
+    raise AssertionError("unreachable")
 
 
 # ------------------------------------------------------------------ journal file
@@ -462,9 +487,7 @@ def _open_journal_file(url: str) -> optuna.storages.BaseStorage:
     if not os.path.isdir(os.path.dirname(path)):
         raise _error(url, f"directory {os.path.dirname(path)} does not exist")
     if os.path.isfile(path) and os.path.getsize(path) > 0:
-        with open(path, "rb") as f:
-            is_sqlite = f.read(len(_SQLITE_HEADER)) == _SQLITE_HEADER
-        if is_sqlite:
+        if is_sqlite_database(path):
             # optuna-dashboard refuses the bare path of a SQLite file the same way.
             raise _error(url, f"{path} is a SQLite database: use sqlite:///{url}")
         if not _looks_like_journal(path):

@@ -193,7 +193,7 @@ def test_budget_trials_carry_no_fixed_params(tmp_path: Path) -> None:
     waiting = study.get_trials(states=(optuna.trial.TrialState.WAITING,))
     assert len(waiting) == 3 and all("fixed_params" not in t.system_attrs for t in waiting)
     space = HierarchicalSearchSpace.preset("digits-small")
-    trial = _records.pop_waiting_trial(study, sqlite_path=None)
+    trial = _records.pop_waiting_trial(study)
     assert trial is not None and trial.number == 0
     assert space.contains(space.suggest(trial))
 

@@ -92,7 +92,7 @@ def test_a_trial_given_back_keeps_its_parameters(tmp_path: Path, kind: str) -> N
     study = optuna.create_study(storage=storage, sampler=optuna.samplers.RandomSampler(seed=1))
     _records.add_budget(study, 1)
     space = HierarchicalSearchSpace.preset("digits-small")
-    trial = _records.pop_waiting_trial(study, sqlite_path=None)
+    trial = _records.pop_waiting_trial(study)
     assert trial is not None
     arch = space.suggest(trial)
     if kind == "sqlite":
@@ -101,7 +101,7 @@ def test_a_trial_given_back_keeps_its_parameters(tmp_path: Path, kind: str) -> N
     assert _records.return_to_queue(trial)
     (waiting,) = study.get_trials(states=(optuna.trial.TrialState.WAITING,))
     assert waiting.number == trial.number
-    again = _records.pop_waiting_trial(study, sqlite_path=None)
+    again = _records.pop_waiting_trial(study)
     assert again is not None and again.number == trial.number
     # its old heartbeat went with the give-back: a sweep does not take it for a dead one
     optuna.storages.fail_stale_trials(study)
