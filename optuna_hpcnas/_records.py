@@ -307,14 +307,6 @@ def process_constraints_after_trial(
     _process_constraints_after_trial(constraints_func, study, trial, state)
 
 
-def constraint_key(name: str) -> str:
-    """The system attribute ``trial.set_constraint(name, ...)`` writes (Optuna's own prefix),
-    read back by ``FrozenTrial.constraints``."""
-    from optuna.study._constrained_optimization import _CONSTRAINTS_KEY
-
-    return f"{_CONSTRAINTS_KEY}:{name}"
-
-
 def non_domination_ranks(losses: np.ndarray) -> np.ndarray:
     """Non-domination rank (0 = the Pareto front) of each row of ``losses`` (every column
     minimised), by Optuna's fast non-dominated sort, the one NSGA-II and ``study.best_trials``
