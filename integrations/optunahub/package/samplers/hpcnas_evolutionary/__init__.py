@@ -1,0 +1,3 @@
+from .sampler import EvolutionarySampler
+
+__all__ = ["EvolutionarySampler"]

@@ -1,0 +1,3 @@
+from .sampler import QUBOSampler
+
+__all__ = ["QUBOSampler"]
