@@ -1,3 +1,4 @@
 from .sampler import EvolutionarySampler
 
+
 __all__ = ["EvolutionarySampler"]

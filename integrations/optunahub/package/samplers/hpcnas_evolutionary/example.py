@@ -10,9 +10,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import optuna
+from optuna_hpcnas import HierarchicalSearchSpace
 import optunahub
 
-from optuna_hpcnas import HierarchicalSearchSpace
 
 # Loaded from this checkout; from the registry:
 # optunahub.load_module("samplers/hpcnas_evolutionary").

@@ -3,6 +3,7 @@ implementation, released and tested with the library (``pip install optuna-hpcna
 
 from __future__ import annotations
 
+
 try:
     from optuna_hpcnas.samplers import EvolutionarySampler
 except ImportError as e:

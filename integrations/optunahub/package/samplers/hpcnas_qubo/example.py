@@ -6,12 +6,13 @@ runs in seconds. The budget is exact in the binary quadratic model: every propos
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from pathlib import Path
 
 import optuna
 import optunahub
-
 from qubo import LinearBudget
+
 
 # Loaded from this checkout; from the registry: optunahub.load_module("samplers/hpcnas_qubo").
 module = optunahub.load_local_module(
@@ -27,8 +28,9 @@ def objective(trial: optuna.Trial) -> float:
     return sum(OPS[op][0] for op in ops) + 0.5 / width  # wider is better, up to the budget
 
 
-costs = {(f"cell{i}", op): cost for i in range(3) for op, (_, cost) in OPS.items()}
-costs.update({("width", w): w / 16 for w in WIDTHS})
+# Cost of each (parameter, value): the budget is linear in them.
+costs: dict[tuple[str, Hashable], float] = {("width", w): w / 16 for w in WIDTHS}
+costs.update({(f"cell{i}", op): cost for i in range(3) for op, (_, cost) in OPS.items()})
 budget = LinearBudget("cost", costs, limit=16.0)
 sampler = module.QUBOSampler(seed=0, n_startup_trials=5, budgets=[budget])
 study = optuna.create_study(sampler=sampler)

@@ -4,6 +4,7 @@ brings dimod and dwave-samplers for the annealing)."""
 
 from __future__ import annotations
 
+
 try:
     from optuna_hpcnas.samplers import QUBOSampler
 except ImportError as e:

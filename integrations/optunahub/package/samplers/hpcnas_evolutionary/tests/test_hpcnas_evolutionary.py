@@ -12,10 +12,10 @@ from optuna.samplers import BaseSampler
 from optuna.testing.pytest_samplers import BasicSamplerTestCase
 from optuna.testing.pytest_samplers import MultiObjectiveSamplerTestCase
 from optuna.testing.pytest_samplers import RelativeSamplerTestCase
+from optuna_hpcnas import HierarchicalSearchSpace
 import optunahub
 import pytest
 
-from optuna_hpcnas import HierarchicalSearchSpace
 
 module = optunahub.load_local_module(
     package="samplers/hpcnas_evolutionary", registry_root=str(Path(__file__).resolve().parents[3])

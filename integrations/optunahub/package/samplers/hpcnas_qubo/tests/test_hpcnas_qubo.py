@@ -14,8 +14,8 @@ from optuna.testing.pytest_samplers import RelativeSamplerTestCase
 from optuna.testing.pytest_samplers import SingleOnlySamplerTestCase
 import optunahub
 import pytest
-
 from qubo import LinearBudget
+
 
 module = optunahub.load_local_module(
     package="samplers/hpcnas_qubo", registry_root=str(Path(__file__).resolve().parents[3])
