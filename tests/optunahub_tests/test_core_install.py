@@ -37,8 +37,8 @@ def origin(trial):
     return "annealing" if qubo.get("n_samples", 0) > 0 else "random"
 
 out = {"installed": [m for m in sys.argv[1:] if importlib.util.find_spec(m) is not None]}
-for sampler in (EvolutionarySampler(seed=0, n_startup_trials=3), QUBOSampler(seed=0,
-                                                                   n_startup_trials=3)):
+start = {"seed": 0, "n_startup_trials": 3}
+for sampler in (EvolutionarySampler(**start), QUBOSampler(**start)):
     study = optuna.create_study(sampler=sampler)
     study.optimize(objective, n_trials=8)
     out[type(sampler).__name__] = [origin(t) for t in study.trials if t.state.name == "COMPLETE"]
@@ -65,8 +65,8 @@ def test_both_samplers_run_with_core_dependencies_only(tmp_path: Path) -> None:
     _run([sys.executable, "-m", "venv", str(venv)], timeout=120)
     python = str(venv / "bin" / "python")
     # No extras: exactly `pip install optuna-hpcnas`, with pip's cache and the default index.
-    _run([python, "-m", "pip", "install", "-q", "--disable-pip-version-check", str(source)], 600)
-    proc = _run([python, "-c", SCRIPT, *NOT_INSTALLED], timeout=300)
+    _run([python, "-m", "pip", "install", "-q", "--disable-pip-version-check", str(source)], 400)
+    proc = _run([python, "-c", SCRIPT, *NOT_INSTALLED], timeout=60)
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["installed"] == []
     # Three random start-up trials each, then children of evolution and of the annealer.
