@@ -21,6 +21,7 @@ from optuna_hpcnas import _keys
 from optuna_hpcnas.search_space import Architecture
 
 if TYPE_CHECKING:
+    import numpy as np
     import optuna
     from optuna.trial import FrozenTrial
 
@@ -285,6 +286,21 @@ def process_constraints_after_trial(
     from optuna.samplers._base import _process_constraints_after_trial
 
     _process_constraints_after_trial(constraints_func, study, trial, state)
+
+
+def non_domination_ranks(losses: np.ndarray) -> np.ndarray:
+    """Non-domination rank (0 = the Pareto front) of each row of ``losses`` (every column
+    minimised), by Optuna's fast non-dominated sort, the one NSGA-II and ``study.best_trials``
+    use. Equal rows share a rank.
+
+    Example:
+        >>> import numpy as np
+        >>> non_domination_ranks(np.array([[0.0, 1.0], [1.0, 0.0], [1.0, 1.0]])).tolist()
+        [0, 0, 1]
+    """
+    from optuna.study._multi_objective import _fast_non_domination_rank
+
+    return _fast_non_domination_rank(losses)
 
 
 def trials_with_heartbeat(storage: Any, trial_ids: list[int]) -> set[int]:

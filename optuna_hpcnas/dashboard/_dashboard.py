@@ -17,6 +17,7 @@ from optuna.study import StudyDirection
 from optuna.trial import TrialState
 
 from optuna_hpcnas import _keys
+from optuna_hpcnas import _records
 from optuna_hpcnas._records import record_architecture
 from optuna_hpcnas._records import summary_of
 from optuna_hpcnas.search_space import Architecture
@@ -95,89 +96,80 @@ def _objective_names(study: optuna.Study) -> list[str]:
     return list(names)
 
 
-def _pareto_mask(points: Sequence[tuple[float, ...]], maximize: Sequence[bool]) -> list[bool]:
-    signed = [tuple(-v if m else v for v, m in zip(p, maximize)) for p in points]
-    mask = []
-    for i, p in enumerate(signed):
-        dominated = any(
-            all(q[k] <= p[k] for k in range(len(p))) and any(q[k] < p[k] for k in range(len(p)))
-            for j, q in enumerate(signed)
-            if j != i
-        )
-        mask.append(not dominated)
-    return mask
-
-
 def _feasible(trial: FrozenTrial) -> bool:
-    """No violated constraint (``trial.set_constraint`` or a ``constraints_func``)."""
-    for key, value in trial.system_attrs.items():
-        if not key.startswith("constraints"):
-            continue
-        values = value if isinstance(value, (list, tuple)) else [value]
-        if any(float(v) > 0 for v in values):
-            return False
-    return True
+    """No violated constraint (``trial.set_constraint`` or a sampler's ``constraints_func``)."""
+    return all(v <= 0.0 for v in trial.constraints.values())
 
 
 def plot_pareto_front(study: optuna.Study) -> go.Figure | None:
-    """The Pareto front of the first two objectives, or of the objective against FLOPs
-    (user attribute ``flops``) in a single-objective study; ``None`` without the data.
+    """The Pareto front of a search; ``None`` before the first complete trial (or, with one
+    objective, before a complete trial records FLOPs).
 
-    Trials that violate a constraint are drawn apart and never on the front.
+    Several objectives: Optuna's own ``optuna.visualization.plot_pareto_front`` (the first two
+    objectives beyond three), with the study's metric names. One objective: the objective
+    against FLOPs (user attribute ``flops``), which Optuna does not draw. Either way a trial
+    that violates a constraint (``FrozenTrial.constraints``) is drawn apart, never on the front.
     """
+    complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    names = _objective_names(study)
+    if len(study.directions) >= 2:
+        if not complete:
+            return None
+        n_targets = len(names) if len(names) <= 3 else 2
+        fig = optuna.visualization.plot_pareto_front(
+            study,
+            target_names=names[:n_targets],
+            targets=None if n_targets == len(names) else lambda t: t.values[:n_targets],
+        )
+        fig.update_layout(title=f"Pareto front: {' vs '.join(names[:n_targets])}")
+        return fig
+    return _plot_objective_vs_flops(study, complete, names[0])
+
+
+def _plot_objective_vs_flops(
+    study: optuna.Study, complete: Sequence[FrozenTrial], name: str
+) -> go.Figure | None:
+    import numpy as np
     import plotly.graph_objects as go
 
-    complete = [t for t in study.get_trials(deepcopy=False) if t.state == TrialState.COMPLETE]
-    trials = [t for t in complete if _feasible(t)]
-    infeasible = [t for t in complete if not _feasible(t)]
-    names = _objective_names(study)
-    maximize = [d == StudyDirection.MAXIMIZE for d in study.directions]
-    if len(study.directions) >= 2:
-        axes = (names[0], names[1])
-        points = [(t.values[0], t.values[1]) for t in trials]
-        flags = maximize[:2]
-    else:
-        trials = [
-            t for t in trials if isinstance(t.user_attrs.get(_keys.OBJECTIVE_FLOPS), (int, float))
-        ]
-        axes = (names[0], "FLOPs")
-        points = [(t.values[0], float(t.user_attrs[_keys.OBJECTIVE_FLOPS])) for t in trials]
-        flags = [maximize[0], False]
-    if not points:
+    trials = [
+        t for t in complete if isinstance(t.user_attrs.get(_keys.OBJECTIVE_FLOPS), (int, float))
+    ]
+    if not trials:
         return None
-    mask = _pareto_mask(points, flags)
+    feasible = [t for t in trials if _feasible(t)]
+    infeasible = [t for t in trials if not _feasible(t)]
+    sign = -1.0 if study.direction == StudyDirection.MAXIMIZE else 1.0
+
+    def point(t: FrozenTrial) -> tuple[float, float]:
+        return float(t.values[0]), float(t.user_attrs[_keys.OBJECTIVE_FLOPS])
+
+    losses = np.array([point(t) for t in feasible], dtype=float).reshape(-1, 2)
+    losses[:, 0] *= sign
+    on_front = _records.non_domination_ranks(losses) == 0
+    front = sorted((t for t, f in zip(feasible, on_front) if f), key=point)
+    dominated = [t for t, f in zip(feasible, on_front) if not f]
     fig = go.Figure()
-    if infeasible and len(study.directions) >= 2:
+    for label, group, marker, mode in (
+        ("infeasible", infeasible, {"size": 7, "symbol": "x", "color": "lightgray"}, "markers"),
+        ("dominated", dominated, {"size": 7}, "markers"),
+        ("Pareto front", front, {"size": 11}, "markers+lines"),
+    ):
+        if not group and label == "infeasible":
+            continue
         fig.add_trace(
             go.Scatter(
-                x=[t.values[0] for t in infeasible],
-                y=[t.values[1] for t in infeasible],
-                mode="markers",
-                name="infeasible",
-                marker={"size": 7, "symbol": "x", "color": "lightgray"},
-                text=[f"trial {t.number}: {_summary(t)}" for t in infeasible],
-                hovertemplate="%{text}<br>%{x}, %{y}<extra></extra>",
-            )
-        )
-    for on_front, label, size in ((False, "dominated", 7), (True, "Pareto front", 11)):
-        idx = [i for i, m in enumerate(mask) if m == on_front]
-        if on_front:
-            idx.sort(key=lambda i: points[i][0])
-        fig.add_trace(
-            go.Scatter(
-                x=[points[i][0] for i in idx],
-                y=[points[i][1] for i in idx],
-                mode="markers+lines" if on_front else "markers",
+                x=[point(t)[0] for t in group],
+                y=[point(t)[1] for t in group],
+                mode=mode,
                 name=label,
-                marker={"size": size},
-                text=[f"trial {trials[i].number}: {_summary(trials[i])}" for i in idx],
+                marker=marker,
+                text=[f"trial {t.number}: {_summary(t)}" for t in group],
                 hovertemplate="%{text}<br>%{x}, %{y}<extra></extra>",
             )
         )
     fig.update_layout(
-        title=f"Pareto front: {axes[0]} vs {axes[1]}",
-        xaxis_title=axes[0],
-        yaxis_title=axes[1],
+        title=f"Pareto front: {name} vs FLOPs", xaxis_title=name, yaxis_title="FLOPs"
     )
     return fig
 

@@ -376,9 +376,8 @@ class GroupLoop:
             f"{self.group.size} ranks of evaluation group {self.group.index}"
         )
         with self._ask_tracker.track("storage"):
-            key = f"constraints:{_keys.CLUSTER_RANKS_CONSTRAINT}"
             # the space records the same constraint itself when it knows max_ranks
-            if key not in trial.storage.get_trial_system_attrs(trial._trial_id):
+            if _keys.CLUSTER_RANKS_CONSTRAINT not in trial.constraints:
                 trial.set_constraint(_keys.CLUSTER_RANKS_CONSTRAINT, float(excess))
             _records.set_trial_system_attr(trial, _keys.DISTRIBUTED_INFEASIBLE, reason)
             self.study.tell(trial, [_WORST[d] for d in self.config.directions])

@@ -59,21 +59,46 @@ def test_record_trial_user_attrs() -> None:
         record_trial(study.ask(), {"topology": "chain"})  # type: ignore[arg-type]
 
 
-def test_pareto_plot_matches_optuna_front() -> None:
+def _xy(trace: object) -> set[tuple[float, float]]:
+    return set(zip(trace.x, trace.y))  # type: ignore[attr-defined]
+
+
+def test_multi_objective_front_is_optunas_plot() -> None:
     study = _study(multi=True)
     fig = plot_pareto_front(study)
     assert fig is not None
-    front = {t.number for t in study.best_trials}
-    traces = {trace.name: trace for trace in fig.data}
-    plotted = {int(text.split(":")[0].split()[1]) for text in traces["Pareto front"].text}
-    assert plotted == front
-    assert len(traces["dominated"].x) == len(study.trials) - len(front)
+    reference = optuna.visualization.plot_pareto_front(study, target_names=["accuracy", "flops"])
+    assert [t.to_plotly_json() for t in fig.data] == [t.to_plotly_json() for t in reference.data]
+    assert _xy(fig.data[-1]) == {tuple(t.values) for t in study.best_trials}
+    assert fig.layout.title.text == "Pareto front: accuracy vs flops"
+    assert fig.layout.xaxis.title.text == "accuracy"
+    # Optuna's hover text carries the trial's user attributes: the architecture.
+    assert "arch_description" in fig.data[-1].text[0]
 
 
-def test_single_objective_pareto_uses_flops_attr() -> None:
+def test_more_than_three_objectives_draw_the_first_two() -> None:
+    study = optuna.create_study(directions=["minimize"] * 4)
+    study.optimize(lambda t: tuple(t.suggest_float(f"x{i}", 0, 1) for i in range(4)), n_trials=6)
+    fig = plot_pareto_front(study)
+    assert fig is not None and fig.layout.title.text == "Pareto front: objective 0 vs objective 1"
+    plotted = set().union(*(_xy(trace) for trace in fig.data))
+    assert plotted == {tuple(t.values[:2]) for t in study.trials}
+    assert plot_pareto_front(optuna.create_study(directions=["minimize"] * 2)) is None
+
+
+def test_single_objective_front_of_accuracy_and_flops() -> None:
     study = _study(multi=False)
     fig = plot_pareto_front(study)
     assert fig is not None and fig.layout.yaxis.title.text == "FLOPs"
+    traces = {trace.name: trace for trace in fig.data}
+    assert set(traces) == {"dominated", "Pareto front"}  # no constraint: no infeasible trace
+    points = {(t.values[0], t.user_attrs["flops"]) for t in study.trials}
+    front = {
+        p for p in points if not any(q[0] >= p[0] and q[1] <= p[1] and q != p for q in points)
+    }
+    assert _xy(traces["Pareto front"]) == front
+    assert _xy(traces["dominated"]) == points - front
+    assert list(traces["Pareto front"].x) == sorted(traces["Pareto front"].x)
     empty = optuna.create_study()
     empty.optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=2)
     assert plot_pareto_front(empty) is None  # no FLOPs recorded
@@ -125,6 +150,35 @@ def test_infeasible_trials_are_never_on_the_front() -> None:
     study.optimize(objective, n_trials=3)
     fig = plot_pareto_front(study)
     assert fig is not None
+    infeasible, dominated, front = fig.data  # Optuna's order when a trial has constraints
+    assert "Infeasible" in infeasible.hovertemplate and list(infeasible.x) == [0.9]
+    assert sorted(front.x) == [0.2, 0.4] and len(dominated.x) == 0
+
+
+def test_single_objective_feasibility_reads_frozen_trial_constraints() -> None:
+    """Both ways Optuna stores constraints: ``trial.set_constraint`` and the list a sampler's
+    ``constraints_func`` writes."""
+
+    def objective(trial: optuna.Trial) -> float:
+        x = trial.suggest_float("x", 0, 1)
+        trial.set_user_attr("flops", 10.0 * x)
+        if trial.number < 3:
+            trial.set_constraint("limit", 0.5 - x)  # feasible when x >= 0.5
+        return x
+
+    def constraints(trial: optuna.trial.FrozenTrial) -> tuple[float]:
+        return (trial.params["x"] - 0.9,)  # feasible when x <= 0.9
+
+    with pytest.warns(FutureWarning, match="constraints_func"):  # deprecated, still stored
+        sampler = optuna.samplers.TPESampler(constraints_func=constraints)
+    study = optuna.create_study(direction="maximize", sampler=sampler)
+    for x in (0.3, 0.6, 0.7, 0.95, 0.8):
+        study.enqueue_trial({"x": x})
+    study.optimize(objective, n_trials=5)
+    assert study.trials[3].constraints == {"0": pytest.approx(0.05)}
+    fig = plot_pareto_front(study)
+    assert fig is not None
     traces = {trace.name: trace for trace in fig.data}
-    assert list(traces["infeasible"].x) == [0.9]
-    assert sorted(traces["Pareto front"].x) == [0.2, 0.4]
+    assert sorted(traces["infeasible"].x) == [0.3, 0.95]
+    # Feasible: 0.6, 0.7, 0.8 trade accuracy for FLOPs; every one is on the front.
+    assert list(traces["Pareto front"].x) == [0.6, 0.7, 0.8]

@@ -20,11 +20,11 @@ from optuna.trial import TrialState
 import pytest
 
 from optuna_hpcnas import _keys
+from optuna_hpcnas import _records
 from optuna_hpcnas import HierarchicalSearchSpace
 from optuna_hpcnas.samplers import EvolutionarySampler
 from optuna_hpcnas.samplers._evolution._cache import Member
 from optuna_hpcnas.samplers._evolution._selection import crowding_distances
-from optuna_hpcnas.samplers._evolution._selection import pareto_ranks
 from optuna_hpcnas.samplers._evolution._selection import selection_keys
 from optuna_hpcnas.samplers._evolution._variation import mutate_value
 from optuna_hpcnas.samplers._evolution._variation import neighbours
@@ -445,7 +445,7 @@ def test_maximisation_and_constraints_in_selection() -> None:
 def test_pareto_ranks_and_crowding_match_brute_force() -> None:
     rng = np.random.default_rng(0)
     losses = rng.integers(0, 6, size=(40, 3)).astype(float)
-    ranks = pareto_ranks(losses)
+    ranks = _records.non_domination_ranks(losses)
     for i in range(40):
         dominators = [
             j

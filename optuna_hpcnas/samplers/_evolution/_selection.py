@@ -13,8 +13,8 @@ Every member gets a key ``(infeasible, violation, fitness, -stage, -age)``:
   intermediate values at that same step of every member that reported it, itself included.
   A pruned trial that reported nothing gets fitness 1 (the worst).
 * ``fitness`` (several objectives): the Pareto rank of the complete, feasible members
-  (non-dominated sorting, 0 the first front), then the crowding distance within the front
-  (larger wins). Pruned trials have no objective values and rank after every complete one.
+  (Optuna's non-dominated sorting, 0 the first front), then the crowding distance within the
+  front (larger wins). Pruned trials have no objective values and rank after every complete one.
 * ``stage``: complete members first, then the further a pruned trial got, the better (ties).
 * ``age``: on a full tie the newer member wins.
 """
@@ -28,6 +28,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 from optuna.study import StudyDirection
+
+from optuna_hpcnas import _records
 
 if TYPE_CHECKING:
     from optuna_hpcnas.samplers._evolution._cache import Member
@@ -74,28 +76,13 @@ def _single_objective_fitness(
     return out
 
 
-def pareto_ranks(losses: np.ndarray) -> np.ndarray:
-    """Non-domination rank (0 = first front) of each row of ``losses`` (minimised)."""
-    n = len(losses)
-    ranks = np.full(n, -1, dtype=int)
-    if n == 0:
-        return ranks
-    le = np.all(losses[:, None, :] <= losses[None, :, :], axis=2)
-    lt = np.any(losses[:, None, :] < losses[None, :, :], axis=2)
-    dominates = le & lt  # dominates[i, j]: i dominates j
-    remaining = np.ones(n, dtype=bool)
-    rank = 0
-    while remaining.any():
-        dominated = (dominates[remaining][:, remaining]).any(axis=0)
-        idx = np.flatnonzero(remaining)[~dominated]
-        ranks[idx] = rank
-        remaining[idx] = False
-        rank += 1
-    return ranks
-
-
 def crowding_distances(losses: np.ndarray) -> np.ndarray:
-    """NSGA-II crowding distance of each row within its own set (boundaries are infinite)."""
+    """NSGA-II crowding distance of each row within its own set (boundaries are infinite).
+
+    Kept rather than Optuna's private ``_calc_crowding_distance``: that one gives duplicated
+    members and one- or two-member fronts 0 where this gives the boundaries infinity, so
+    switching would change which parent a tournament picks.
+    """
     n, m = losses.shape
     distance = np.zeros(n)
     if n <= 2:
@@ -126,7 +113,7 @@ def _multi_objective_fitness(
         if not idx:
             continue
         losses = np.array([population[i].values for i in idx], dtype=float) * signs
-        ranks = pareto_ranks(losses)
+        ranks = _records.non_domination_ranks(losses)
         crowd = np.zeros(len(idx))
         for r in np.unique(ranks):
             front = np.flatnonzero(ranks == r)

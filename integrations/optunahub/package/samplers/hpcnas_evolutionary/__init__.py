@@ -1,0 +1,4 @@
+from .sampler import EvolutionarySampler
+
+
+__all__ = ["EvolutionarySampler"]

@@ -1,0 +1,4 @@
+from .sampler import QUBOSampler
+
+
+__all__ = ["QUBOSampler"]
