@@ -60,7 +60,7 @@ from optuna_hpcnas.evaluation._config import ObjectiveConfig
 SAMPLERS = ("tpe", "random", "nsga2", "gp", "evolutionary", "qubo")
 PRUNERS = ("none", "median", "successive_halving", "hyperband", "staged")
 DIRECTIONS = ("maximize", "minimize")
-DATASETS = ("digits", "sequence", "npz", "image_folder", "cifar10")
+DATASETS = ("digits", "mnist1d", "sequence", "npz", "image_folder", "cifar10")
 DEVICES = ("auto", "cpu", "cuda")
 DEFAULT_STORAGE = "sqlite:///{name}.db"
 
@@ -250,7 +250,9 @@ class DataConfig:
     """``[data]``: the task the search runs on.
 
     Args:
-        name: ``digits`` (scikit-learn's, offline), ``sequence`` (synthetic), ``npz`` (arrays
+        name: ``digits`` (scikit-learn's, offline), ``mnist1d`` (MNIST-1D, made on this machine
+            by the ``mnist1d`` package's generator: 4,000 training and 1,000 test signals of
+            length 40; extra ``mnist1d``), ``sequence`` (synthetic), ``npz`` (arrays
             ``x_train, y_train`` and optionally ``x_valid, y_valid, x_test, y_test`` in
             ``path``), ``image_folder`` (``root/train/<class>/*.png``, optional ``val/`` and
             ``test/``) or ``cifar10`` (CIFAR-10's files already in ``root``; never
@@ -263,6 +265,8 @@ class DataConfig:
         validation_fraction: Share of the training data held out for validation when the
             source has no validation split (and for the test split when it has none).
         seed: Seed of the splits.
+        generator_seed: Seed of a generated data set's own generator (``mnist1d``: the
+            package's 42, the published draw, when ``None``); another value is another draw.
         normalize: Standardise inputs with the training statistics (per channel for images).
         image_size: ``[height, width]`` images are resized to (``image_folder``); default:
             the size of the first image, every other must match.
@@ -276,6 +280,7 @@ class DataConfig:
     factory_kwargs: Mapping[str, Any] = field(default_factory=dict)
     validation_fraction: float = 0.2
     seed: int = 0
+    generator_seed: int | None = None
     normalize: bool = True
     image_size: tuple[int, int] | None = None
     max_samples: int | None = None
@@ -305,6 +310,12 @@ class DataConfig:
                 f"`validation_fraction` is {self.validation_fraction}, but must be in (0, 0.5)."
             )
         check_int("seed", self.seed, 0)
+        check_int("generator_seed", self.generator_seed, 0, allow_none=True)
+        if self.generator_seed is not None and self.name != "mnist1d":
+            raise ValueError(
+                f"`generator_seed` is {self.generator_seed}, but only generated data sets "
+                "(name = 'mnist1d') take one."
+            )
         if not isinstance(self.normalize, bool):
             raise TypeError(f"`normalize` must be a bool, but got {self.normalize!r}.")
         if self.image_size is not None:

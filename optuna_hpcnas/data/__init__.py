@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from optuna_hpcnas.data._files import DataError
 from optuna_hpcnas.data._files import load_task
+from optuna_hpcnas.data._mnist1d import load_mnist1d_task
 from optuna_hpcnas.data._tasks import iterate_batches
 from optuna_hpcnas.data._tasks import load_digits_task
 from optuna_hpcnas.data._tasks import make_sequence_task
@@ -15,6 +16,7 @@ __all__ = [
     "TaskData",
     "iterate_batches",
     "load_digits_task",
+    "load_mnist1d_task",
     "load_task",
     "make_sequence_task",
 ]

@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import importlib
 import io
+import math
 from pathlib import Path
 import pickle
 from typing import Any
+import warnings
+import zipfile
 
 import numpy as np
 import torch
@@ -42,6 +45,20 @@ def load_task(config: Any) -> TaskData:
         task = load_digits_task(seed=config.seed, fractions=(1 - 2 * v, v, v))
     elif config.name == "sequence":
         task = make_sequence_task(seed=config.seed)
+    elif config.name == "mnist1d":
+        from optuna_hpcnas.data._mnist1d import load_mnist1d_task
+        from optuna_hpcnas.data._mnist1d import PUBLISHED_GENERATOR_SEED
+
+        task = load_mnist1d_task(
+            seed=config.seed,
+            validation_fraction=v,
+            generator_seed=(
+                PUBLISHED_GENERATOR_SEED
+                if config.generator_seed is None
+                else config.generator_seed
+            ),
+            normalize=config.normalize,
+        )
     else:
         splits = {
             "npz": lambda: _npz_splits(Path(config.path)),
@@ -89,6 +106,8 @@ def _task_from_arrays(
     """Check the arrays, split off validation/test where missing, standardise, wrap."""
     for split, (x, y) in splits.items():
         _check_pair(source, split, x, y)
+        if x.ndim == 2:  # (N, L): a signal of one feature
+            splits[split] = (x[:, :, None], y)
     x_train, y_train = splits["train"]
     shape = tuple(x_train.shape[1:])
     for split, (x, _) in splits.items():
@@ -120,8 +139,8 @@ def _task_from_arrays(
         axes = (0, 1)
     else:
         raise DataError(
-            f"{source}: samples have shape {shape}; images need (channels, height, width) "
-            "and sequences (length, features)."
+            f"{source}: samples have shape {shape}; images need (channels, height, width), "
+            "sequences (length, features) or (length,)."
         )
     mean = x_train.mean(axis=axes, keepdims=True) if normalize else 0.0
     std = x_train.std(axis=axes, keepdims=True) + 1e-8 if normalize else 1.0
@@ -142,12 +161,17 @@ def _task_from_arrays(
         preprocessing={
             "mean": np.asarray(mean).reshape(-1).tolist(),
             "std": np.asarray(std).reshape(-1).tolist(),
-            "per": "channel" if domain == "image" else "tensor",
+            "per": "channel" if domain == "image" else "feature",
         },
     )
 
 
 def _check_pair(source: str, split: str, x: np.ndarray, y: np.ndarray) -> None:
+    if x.ndim < 2:
+        raise DataError(
+            f"{source}: the {split} samples are an array of shape {x.shape}; need (N, ...) "
+            "with one sample per row."
+        )
     if len(x) != len(y):
         raise DataError(
             f"{source}: the {split} split has {len(x)} samples but {len(y)} labels "
@@ -180,27 +204,64 @@ def _npz_splits(path: Path) -> Splits:
     if not path.is_file():
         raise DataError(f"{path}: no such .npz file.")
     try:
-        archive = np.load(path, allow_pickle=False)
-    except (OSError, ValueError) as e:
+        members = _npz_members(path)
+    except (OSError, ValueError, zipfile.BadZipFile) as e:
         raise DataError(f"{path}: not a readable .npz archive ({e}).") from None
-    with archive:
-        names = set(archive.files)
-        unknown = sorted(names - set(NPZ_ARRAYS))
-        if unknown or not {"x_train", "y_train"} <= names:
+    names = set(members)
+    unknown = sorted(names - set(NPZ_ARRAYS))
+    if unknown or not {"x_train", "y_train"} <= names:
+        raise DataError(
+            f"{path}: holds arrays {sorted(names)}; expected x_train and y_train, "
+            f"optionally x_valid/y_valid and x_test/y_test"
+            + (f" (unknown: {unknown})" if unknown else "")
+            + "."
+        )
+    for name, (dtype, shape, stored) in members.items():
+        if dtype.hasobject:
             raise DataError(
-                f"{path}: holds arrays {sorted(names)}; expected x_train and y_train, "
-                f"optionally x_valid/y_valid and x_test/y_test"
-                + (f" (unknown: {unknown})" if unknown else "")
-                + "."
+                f"{path}: array {name} holds Python objects ({dtype}); only numeric arrays "
+                "are read (nothing is unpickled)."
             )
-        splits: Splits = {}
-        for split in ("train", "valid", "test"):
-            xs, ys = f"x_{split}", f"y_{split}"
-            if (xs in names) != (ys in names):
-                raise DataError(f"{path}: has {xs if xs in names else ys} without its pair.")
-            if xs in names:
-                splits[split] = (archive[xs], archive[ys])
+        claimed = dtype.itemsize * math.prod(shape)
+        if claimed > stored:
+            raise DataError(
+                f"{path}: array {name} claims shape {shape} of {dtype} ({claimed:,} bytes), "
+                f"but the archive holds {stored:,} bytes for it."
+            )
+    splits: Splits = {}
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            for split in ("train", "valid", "test"):
+                xs, ys = f"x_{split}", f"y_{split}"
+                if (xs in names) != (ys in names):
+                    raise DataError(f"{path}: has {xs if xs in names else ys} without its pair.")
+                if xs in names:
+                    splits[split] = (archive[xs], archive[ys])
+    except (OSError, ValueError, zipfile.BadZipFile) as e:
+        raise DataError(f"{path}: not a readable .npz archive ({e}).") from None
     return splits
+
+
+def _npz_members(path: Path) -> dict[str, tuple[np.dtype, tuple[int, ...], int]]:
+    """``name -> (dtype, shape, uncompressed bytes)`` of every array of an ``.npz``, read from
+    the ``.npy`` headers alone: a header may claim any shape, so nothing is allocated (or
+    unpickled) before the claim is checked against what the archive holds."""
+    out = {}
+    with zipfile.ZipFile(path) as archive:
+        for info in archive.infolist():
+            if not info.filename.endswith(".npy"):
+                raise ValueError(f"member {info.filename!r} is not a .npy array")
+            with archive.open(info) as member:
+                version = np.lib.format.read_magic(member)
+                if version == (1, 0):
+                    shape, _, dtype = np.lib.format.read_array_header_1_0(member)
+                elif version == (2, 0):
+                    shape, _, dtype = np.lib.format.read_array_header_2_0(member)
+                else:
+                    raise ValueError(f"member {info.filename!r} is a .npy of version {version}")
+                body = info.file_size - member.tell()
+            out[info.filename[: -len(".npy")]] = (np.dtype(dtype), tuple(shape), body)
+    return out
 
 
 # ---------------------------------------------------------------------------- image folders
@@ -236,11 +297,16 @@ def _read_images(
             raise DataError(f"{sub}: class {sub.name!r} is not a class of train/ {classes}.")
         for file in sorted(f for f in sub.iterdir() if f.is_file() and not f.name.startswith(".")):
             try:
-                with Image.open(file) as image:
-                    image.load()
-                    mode = "L" if image.mode in ("L", "1", "I;16", "I") else "RGB"
-                    picture = image.convert(mode)
-            except (UnidentifiedImageError, OSError) as e:
+                with warnings.catch_warnings():
+                    # Pillow only warns between its pixel limit and twice it: refuse those too
+                    warnings.simplefilter("error", Image.DecompressionBombWarning)
+                    with Image.open(file) as image:
+                        image.load()
+                        mode = "L" if image.mode in ("L", "1", "I;16", "I") else "RGB"
+                        picture = image.convert(mode)
+            except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
+                raise DataError(f"{file}: refused, a decompression bomb ({e}).") from None
+            except (UnidentifiedImageError, OSError, ValueError) as e:
                 raise DataError(f"{file}: not an image ({type(e).__name__}).") from None
             if size is None:
                 size = (picture.height, picture.width)

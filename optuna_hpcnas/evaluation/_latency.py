@@ -74,13 +74,17 @@ class LatencyPredictor:
 
     def _keys(self, arch: Architecture) -> list[str]:
         widths = self._supernet.widths(arch)
+        # a sequence cell costs by the positions it reads too (earlier cells may downsample)
+        lengths: list[int | None] = [None] * len(widths)
+        if self._supernet.domain != "image":
+            lengths = list(self._supernet.lengths(arch))
         n = arch.num_cells
-        keys = ["stem"]
+        keys = [f"stem|{arch.stem}"]
         for i, cell in enumerate(arch.cells):
             reads = widths[: i + 1] if arch.topology == "dense" else widths[i : i + 1]
             last = arch.topology == "dense" and i == n - 1
-            keys.append(f"cell|{arch.topology}|{cell}|{list(reads)}|{last}")
-        keys.append(f"head|{widths[-1]}")
+            keys.append(f"cell|{arch.topology}|{cell}|{list(reads)}|{lengths[i]}|{last}")
+        keys.append(f"head|{arch.head}|{widths[-1]}|{lengths[-1]}")
         return keys
 
     def _measure(self, arch: Architecture, missing: set[str]) -> None:

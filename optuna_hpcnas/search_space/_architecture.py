@@ -17,6 +17,7 @@ class CellConfig:
     width: int | None = None
     expansion: int | None = None
     heads: int | None = None
+    stride: int | None = None
 
 
 @dataclass(frozen=True)
@@ -35,7 +36,8 @@ class ClusterConfig:
 
 @dataclass(frozen=True)
 class Architecture:
-    """A candidate network: macro topology, one ``CellConfig`` per cell, cluster layout.
+    """A candidate network: macro topology, one ``CellConfig`` per cell, cluster layout, and
+    (in spaces that search them) the stem and the head; ``None`` is the domain's default.
 
     Example:
         >>> arch = Architecture("residual", (CellConfig("conv3x3", width=16),), ClusterConfig())
@@ -46,6 +48,8 @@ class Architecture:
     topology: str
     cells: tuple[CellConfig, ...]
     cluster: ClusterConfig = ClusterConfig()
+    stem: str | None = None
+    head: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "cells", tuple(self.cells))
@@ -55,11 +59,17 @@ class Architecture:
         return len(self.cells)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        # stem and head only when set: architectures of spaces that do not search them keep
+        # the JSON (and the claims keyed by it) of earlier versions
+        out: dict[str, Any] = {
             "topology": self.topology,
             "cells": [{k: v for k, v in asdict(c).items() if v is not None} for c in self.cells],
             "cluster": asdict(self.cluster),
         }
+        for key in ("stem", "head"):
+            if getattr(self, key) is not None:
+                out[key] = getattr(self, key)
+        return out
 
     def to_json(self) -> str:
         """A canonical JSON string (sorted keys): equal architectures give equal strings."""
@@ -72,6 +82,8 @@ class Architecture:
                 topology=data["topology"],
                 cells=tuple(CellConfig(**cell) for cell in data["cells"]),
                 cluster=ClusterConfig(**data.get("cluster", {})),
+                stem=data.get("stem"),
+                head=data.get("head"),
             )
         except (KeyError, TypeError) as e:
             raise ValueError(f"Not an architecture description: {e}") from None
@@ -81,8 +93,10 @@ class Architecture:
         return cls.from_dict(json.loads(text))
 
     def describe(self) -> str:
-        """A short human-readable form, e.g. ``residual[conv3x3/w16 > identity] dp1xpp1 mb32``."""
-        parts = []
+        """A short human-readable form, e.g. ``residual[conv3x3/w16 > identity] dp1xpp1 mb32``
+        (``residual[stem:none > conv1d_bn/k5/w50/s1 > head:mean] ...`` where the space searches
+        the stem and the head)."""
+        parts = [] if self.stem is None else [f"stem:{self.stem}"]
         for cell in self.cells:
             extras = [
                 f"{tag}{value}"
@@ -91,10 +105,13 @@ class Architecture:
                     ("w", cell.width),
                     ("e", cell.expansion),
                     ("h", cell.heads),
+                    ("s", cell.stride),
                 )
                 if value is not None
             ]
             parts.append("/".join([cell.op, *extras]))
+        if self.head is not None:
+            parts.append(f"head:{self.head}")
         c = self.cluster
         return (
             f"{self.topology}[{' > '.join(parts)}] "

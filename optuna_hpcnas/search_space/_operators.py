@@ -34,6 +34,7 @@ class OperatorSpec:
         has_width: Whether the cell's output width (channels) is searched.
         has_expansion: Whether an expansion ratio (feed-forward width factor) is searched.
         has_heads: Whether a number of attention heads is searched.
+        has_stride: Whether a stride is searched (sequence operators that can downsample).
         factory: Optional module factory for user operators, used by ``SuperNet``.
     """
 
@@ -46,6 +47,7 @@ class OperatorSpec:
     has_width: bool = False
     has_expansion: bool = False
     has_heads: bool = False
+    has_stride: bool = False
     factory: Callable[..., Any] | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -85,7 +87,7 @@ class OperatorSpec:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready metadata (the factory is not serialised)."""
-        return {
+        out = {
             "name": self.name,
             "family": self.family,
             "domains": sorted(self.domains),
@@ -96,6 +98,9 @@ class OperatorSpec:
             "has_expansion": self.has_expansion,
             "has_heads": self.has_heads,
         }
+        if self.has_stride:  # only when set: spaces recorded before strides compare equal
+            out["has_stride"] = True
+        return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> OperatorSpec:
@@ -110,6 +115,7 @@ class OperatorSpec:
             has_width=data.get("has_width", False),
             has_expansion=data.get("has_expansion", False),
             has_heads=data.get("has_heads", False),
+            has_stride=data.get("has_stride", False),
         )
 
 
@@ -135,6 +141,29 @@ def _builtin_operators() -> list[OperatorSpec]:
         OperatorSpec("transformer", "transformer", both, has_expansion=True, has_heads=True),
         OperatorSpec("attention", "attention", both, has_heads=True),
         OperatorSpec("conv1d", "conv1d", seq, kernel_choices=(1, 3, 5, 7), has_width=True),
+        # Signals (N, L, F): Conv1d-BatchNorm-ReLU, strided to downsample; dilated; the
+        # plain Conv1d + bias + ReLU of the MNIST-1D paper (and, on the flattened stem with
+        # kernel 1, its MLP's Linear layers); stride-2 pooling; a bidirectional GRU.
+        OperatorSpec(
+            "conv1d_bn",
+            "conv1d_bn",
+            seq,
+            kernel_choices=(1, 3, 5, 7),
+            has_width=True,
+            has_stride=True,
+        ),
+        OperatorSpec("dilconv1d_bn", "conv1d_bn", seq, kernel=3, dilation=2, has_width=True),
+        OperatorSpec(
+            "conv1d_plain",
+            "conv1d_plain",
+            seq,
+            kernel_choices=(1, 3, 5, 7),
+            has_width=True,
+            has_stride=True,
+        ),
+        OperatorSpec("maxpool1d", "pool1d", seq, kernel=3),
+        OperatorSpec("avgpool1d", "pool1d", seq, kernel=3),
+        OperatorSpec("gru", "gru", seq, has_width=True),
     ]
     return ops
 

@@ -5,6 +5,10 @@
 * ``cifar-like`` — 32x32 images; 8 cells with convolutions, attention and transformer blocks,
   and a searched cluster layout (about 10^12 architectures).
 * ``sequence`` — token sequences; transformer, self-attention, conv1d and identity cells.
+* ``signal-1d`` — 1-D signals ``(L, F)`` such as MNIST-1D: strided and dilated Conv1d with
+  BatchNorm, plain Conv1d, stride-2 pooling, a bidirectional GRU, attention and transformer
+  cells; the raw, embedded or flattened signal as stem; mean or flatten head. The MNIST-1D
+  paper's MLP, CNN and GRU are points of it (``SIGNAL_1D_PAPER_MODELS``).
 """
 
 from __future__ import annotations
@@ -56,5 +60,84 @@ PRESETS: dict[str, dict[str, Any]] = {
         "pipeline_stages": (1, 2),
         "micro_batch_sizes": (16, 32),
         "domain": "sequence",
+    },
+    "signal-1d": {
+        "num_cells": 4,
+        "operators": (
+            "conv1d_bn",
+            "dilconv1d_bn",
+            "conv1d_plain",
+            "maxpool1d",
+            "gru",
+            "attention",
+            "transformer",
+            "identity",
+        ),
+        "topologies": ("chain", "residual", "dense"),
+        "stems": ("none", "embed", "flatten"),
+        "heads": ("mean", "flatten"),
+        # 25 and 100 are the paper's CNN and MLP widths, 12 its GRU's (6 units each way)
+        "widths": (12, 25, 50, 100),
+        "kernel_sizes": (1, 3, 5, 7),
+        "strides": (1, 2),
+        "expansion_ratios": (2, 4),
+        "num_heads": (1, 2, 4),
+        "data_parallel": (1, 2),
+        "pipeline_stages": (1, 2),
+        "micro_batch_sizes": (32, 64),
+        "domain": "sequence",
+    },
+}
+
+# The models of Greydanus (2020), "Scaling down deep learning", Table 1, as parameters of the
+# ``signal-1d`` space (chain topology; one process's cluster layout). Their parameter counts
+# equal the paper code's (MLP 15,210; CNN 5,210; GRU 5,134). The CNN pads every convolution
+# by (k - 1) // 2 where the paper pads its 5-wide one by 1: lengths 40 -> 20 -> 10 -> 5
+# instead of 40 -> 19 -> 10 -> 5, the same 125 features before the head.
+_LAYOUT = {
+    "cluster.data_parallel": 1,
+    "cluster.pipeline_stages": 1,
+    "cluster.micro_batch_size": 32,
+}
+SIGNAL_1D_PAPER_MODELS: dict[str, dict[str, Any]] = {
+    # Linear(40, 100), ReLU, Linear(100, 100), ReLU, Linear(100, 10)
+    "mlp": {
+        "node.topology": "chain",
+        "node.stem": "flatten",
+        **{
+            f"node.cell{i}.{k}": v
+            for i in (0, 1)
+            for k, v in (("op", "conv1d_plain"), ("kernel", 1), ("width", 100), ("stride", 1))
+        },
+        "node.cell2.op": "identity",
+        "node.cell3.op": "identity",
+        "node.head": "flatten",
+        **_LAYOUT,
+    },
+    # Conv1d(1, 25, 5, stride 2), ReLU, Conv1d(25, 25, 3, stride 2), ReLU, the same again,
+    # Linear(125, 10)
+    "cnn": {
+        "node.topology": "chain",
+        "node.stem": "none",
+        **{
+            f"node.cell{i}.{k}": v
+            for i, kernel in ((0, 5), (1, 3), (2, 3))
+            for k, v in (("op", "conv1d_plain"), ("kernel", kernel), ("width", 25), ("stride", 2))
+        },
+        "node.cell3.op": "identity",
+        "node.head": "flatten",
+        **_LAYOUT,
+    },
+    # GRU(1, 6, bidirectional) over the 40 positions, Linear(40 * 12, 10)
+    "gru": {
+        "node.topology": "chain",
+        "node.stem": "none",
+        "node.cell0.op": "gru",
+        "node.cell0.width": 12,
+        "node.cell1.op": "identity",
+        "node.cell2.op": "identity",
+        "node.cell3.op": "identity",
+        "node.head": "flatten",
+        **_LAYOUT,
     },
 }

@@ -37,6 +37,17 @@ if TYPE_CHECKING:
     import optuna
 
 TOPOLOGIES = ("chain", "residual", "dense")
+# What turns a sample into the first state, and the last state into class scores, per
+# domain; the first of each is the default (what spaces that do not search them use).
+STEMS = {
+    "image": ("conv",),  # 3x3 conv-BN-ReLU to the widest cell
+    # a linear embedding with learned positions; the raw signal; every position as one token
+    "sequence": ("embed", "none", "flatten"),
+}
+HEADS = {
+    "image": ("grid",),  # average pooling to 2x2, linear
+    "sequence": ("mean", "flatten"),  # LayerNorm and mean over positions; all positions
+}
 Choice = str | int
 
 
@@ -55,6 +66,7 @@ _MICRO: tuple[tuple[str, Callable[[OperatorSpec], bool]], ...] = (
     ("width", lambda spec: spec.has_width),
     ("expansion", lambda spec: spec.has_expansion),
     ("heads", lambda spec: spec.has_heads),
+    ("stride", lambda spec: spec.has_stride),
 )
 _CLUSTER_FIELDS = ("data_parallel", "pipeline_stages", "micro_batch_size")
 
@@ -105,6 +117,15 @@ class HierarchicalSearchSpace:
         kernel_sizes: Kernel sizes for operators whose kernel is searched (e.g. ``conv``).
         expansion_ratios: Feed-forward expansion ratios (transformer blocks).
         num_heads: Numbers of attention heads (attention, transformer blocks).
+        strides: Strides of operators that can downsample a sequence (``conv1d_bn``,
+            ``conv1d_plain``).
+        stems: Stems to search (``node.stem``): for sequences ``"embed"`` (a linear
+            embedding with learned positions), ``"none"`` (the raw signal) or ``"flatten"``
+            (every position as one token, for MLPs). ``None``: the domain's one stem, not
+            part of the architecture.
+        heads: Heads to search (``node.head``): for sequences ``"mean"`` (LayerNorm and the
+            mean over positions) or ``"flatten"`` (a linear layer on every position).
+            ``None``: the domain's one head.
         data_parallel: Data-parallel degrees of one evaluation group.
         pipeline_stages: Pipeline stages (at most ``num_cells``).
         micro_batch_sizes: Micro-batch sizes.
@@ -138,6 +159,9 @@ class HierarchicalSearchSpace:
         kernel_sizes: Sequence[int] = (3,),
         expansion_ratios: Sequence[int] = (4,),
         num_heads: Sequence[int] = (2,),
+        strides: Sequence[int] = (1,),
+        stems: Sequence[str] | None = None,
+        heads: Sequence[str] | None = None,
         data_parallel: Sequence[int] = (1,),
         pipeline_stages: Sequence[int] = (1,),
         micro_batch_sizes: Sequence[int] = (32,),
@@ -171,6 +195,9 @@ class HierarchicalSearchSpace:
             "expansion_ratios", expansion_ratios, positive_int=True
         )
         self._num_heads = _check_choices("num_heads", num_heads, positive_int=True)
+        self._strides = _check_choices("strides", strides, positive_int=True)
+        self._stems = None if stems is None else _check_choices("stems", stems, positive_int=False)
+        self._heads = None if heads is None else _check_choices("heads", heads, positive_int=False)
         self._data_parallel = _check_choices("data_parallel", data_parallel, positive_int=True)
         self._pipeline_stages = _check_choices(
             "pipeline_stages", pipeline_stages, positive_int=True
@@ -208,6 +235,16 @@ class HierarchicalSearchSpace:
         return kept
 
     def _validate(self) -> None:
+        for field_name, given, allowed in (
+            ("stems", self._stems, STEMS[self._domain]),
+            ("heads", self._heads, HEADS[self._domain]),
+        ):
+            for value in given or ():
+                if value not in allowed:
+                    raise ValueError(
+                        f"`{field_name}` contains {value!r}, but the {self._domain!r} domain "
+                        f"has {list(allowed)}."
+                    )
         for topology in self._topologies:
             if topology not in TOPOLOGIES:
                 raise ValueError(
@@ -257,8 +294,11 @@ class HierarchicalSearchSpace:
             "width": self._widths,
             "expansion": self._expansion_ratios,
             "heads": self._num_heads,
+            "stride": self._strides,
         }
         decisions = [Decision("node.topology", Level.TOPOLOGY, self._topologies)]
+        if self._stems is not None:
+            decisions.append(Decision("node.stem", Level.TOPOLOGY, self._stems))
         for i in range(self._num_cells):
             op_name = f"node.cell{i}.op"
             decisions.append(Decision(op_name, Level.OPERATOR, self._operators))
@@ -274,6 +314,8 @@ class HierarchicalSearchSpace:
                             active_when=users,
                         )
                     )
+        if self._heads is not None:
+            decisions.append(Decision("node.head", Level.TOPOLOGY, self._heads))
         decisions.append(Decision("cluster.data_parallel", Level.CLUSTER, self._data_parallel))
         decisions.append(Decision("cluster.pipeline_stages", Level.CLUSTER, self._pipeline_stages))
         decisions.append(
@@ -310,6 +352,16 @@ class HierarchicalSearchSpace:
     @property
     def widths(self) -> tuple[int, ...]:
         return self._widths
+
+    @property
+    def stems(self) -> tuple[str, ...]:
+        """The stems an architecture of this space may have (the domain's one by default)."""
+        return self._stems if self._stems is not None else STEMS[self._domain][:1]
+
+    @property
+    def heads(self) -> tuple[str, ...]:
+        """The heads an architecture of this space may have (the domain's one by default)."""
+        return self._heads if self._heads is not None else HEADS[self._domain][:1]
 
     @property
     def decisions(self) -> tuple[Decision, ...]:
@@ -358,7 +410,14 @@ class HierarchicalSearchSpace:
             micro = {k[len(prefix) :]: v for k, v in values.items() if k.startswith(prefix)}
             cells.append(self._cell(micro.pop("op"), micro))
         cluster = ClusterConfig(*(int(values[f"cluster.{f}"]) for f in _CLUSTER_FIELDS))
-        return Architecture(str(values["node.topology"]), tuple(cells), cluster)
+        stem, head = values.get("node.stem"), values.get("node.head")
+        return Architecture(
+            str(values["node.topology"]),
+            tuple(cells),
+            cluster,
+            stem=None if stem is None else str(stem),
+            head=None if head is None else str(head),
+        )
 
     def suggest(self, trial: optuna.trial.BaseTrial) -> Architecture:
         """Suggest an architecture through ``trial.suggest_categorical``.
@@ -422,6 +481,13 @@ class HierarchicalSearchSpace:
                 f"but the space has {self._num_cells}."
             )
         raw: dict[str, Any] = {"node.topology": arch.topology}
+        for key, searched in (("stem", self._stems), ("head", self._heads)):
+            value = getattr(arch, key)
+            if searched is None and value is not None:
+                raise ValueError(
+                    f"The architecture sets {key}={value!r}, which this space does not search."
+                )
+            raw[f"node.{key}"] = value
         for i, cell in enumerate(arch.cells):
             raw[f"node.cell{i}.op"] = cell.op
             spec = self._registry[cell.op] if cell.op in self._registry else None
@@ -501,6 +567,8 @@ class HierarchicalSearchSpace:
         """Number of distinct feasible architectures (an exact integer)."""
         return (
             len(self._topologies)
+            * len(self._stems or (None,))
+            * len(self._heads or (None,))
             * len(self._cell_configs()) ** self._num_cells
             * len(self._cluster_layouts())
         )
@@ -515,10 +583,13 @@ class HierarchicalSearchSpace:
             )
         cells = [self._cell(c["op"], c) for c in self._cell_configs()]
         layouts = self._cluster_layouts()
-        for topology in self._topologies:
+        macro = itertools.product(self._topologies, self._stems or (None,), self._heads or (None,))
+        for topology, stem, head in macro:
             for node in itertools.product(cells, repeat=self._num_cells):
                 for dp, pp, mb in layouts:
-                    yield Architecture(str(topology), node, ClusterConfig(dp, pp, mb))
+                    yield Architecture(
+                        str(topology), node, ClusterConfig(dp, pp, mb), stem=stem, head=head
+                    )
 
     # ------------------------------------------------------------------ encoding
     def encode(self, arch: Architecture) -> np.ndarray:
@@ -623,10 +694,16 @@ class HierarchicalSearchSpace:
             "max_ranks": self._max_ranks,
             "domain": self._domain,
         }
-        # Left out when unset, so spaces recorded in studies before targets existed still
-        # compare equal to the same space built today.
+        # Left out when unset, so spaces recorded in studies before targets, strides, stems
+        # and heads existed still compare equal to the same space built today.
         if self._target is not None:
             data["target"] = self._target
+        if self._strides != (1,):
+            data["strides"] = list(self._strides)
+        if self._stems is not None:
+            data["stems"] = list(self._stems)
+        if self._heads is not None:
+            data["heads"] = list(self._heads)
         return data
 
     def to_json(self) -> str:

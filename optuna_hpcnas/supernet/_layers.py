@@ -31,8 +31,22 @@ from optuna_hpcnas.supernet._ops import sliced_batch_norm
 from optuna_hpcnas.supernet._ops import sliced_layer_norm
 
 
+def to_length(x: torch.Tensor, length: int) -> torch.Tensor:
+    """A ``(N, L, C)`` sequence averaged down to ``length`` positions (a shortcut or an earlier
+    state beside a cell that downsampled); unchanged when it has them already."""
+    if x.dim() != 3 or x.shape[1] == length:
+        return x
+    return F.adaptive_avg_pool1d(x.transpose(1, 2), length).transpose(1, 2)
+
+
 def padded_add(a: torch.Tensor, b: torch.Tensor, dim: int) -> torch.Tensor:
-    """``a + b`` where the narrower tensor (along ``dim``) is zero-padded to the wider."""
+    """``a + b`` where the narrower tensor (along ``dim``) is zero-padded to the wider; a
+    longer sequence is averaged down to the shorter one's positions first."""
+    if a.dim() == 3 and a.shape[1] != b.shape[1]:
+        if a.shape[1] > b.shape[1]:
+            a = to_length(a, b.shape[1])
+        else:
+            b = to_length(b, a.shape[1])
     ca, cb = a.shape[dim], b.shape[dim]
     if ca == cb:
         return a + b
@@ -47,25 +61,50 @@ def padded_add(a: torch.Tensor, b: torch.Tensor, dim: int) -> torch.Tensor:
 
 
 class Stem(nn.Module):
-    """Images: 3x3 conv-BN-ReLU to ``channels``; sequences: linear embedding + positions."""
+    """What turns a sample into the first state, by ``kind``:
 
-    def __init__(self, input_shape: Sequence[int], channels: int, domain: str) -> None:
+    * ``"conv"`` (images): 3x3 conv-BN-ReLU to ``channels``;
+    * ``"embed"`` (sequences): a linear embedding to ``channels`` plus learned positions;
+    * ``"none"`` (sequences): the sample itself, ``(L, F)``;
+    * ``"flatten"`` (sequences): every position as one token, ``(1, L * F)``.
+    """
+
+    def __init__(
+        self, input_shape: Sequence[int], channels: int, domain: str, kind: str | None = None
+    ) -> None:
         super().__init__()
         self.domain = domain
+        self.kind = kind or ("conv" if domain == IMAGE else "embed")
         self.input_shape = tuple(int(s) for s in input_shape)
-        if domain == IMAGE:
+        if self.kind == "conv":
             self.conv = nn.Conv2d(self.input_shape[0], channels, 3, padding=1, bias=False)
             nn.init.kaiming_normal_(self.conv.weight, mode="fan_in", nonlinearity="relu")
             self.bn = nn.BatchNorm2d(channels)
-        else:
+        elif self.kind == "embed":
             length, features = self.input_shape
             self.embed = nn.Linear(features, channels)
             self.position = nn.Parameter(torch.randn(length, channels) * 0.02)
+        elif self.kind not in ("none", "flatten"):
+            raise ValueError(f"Stem kind {self.kind!r} is not one of conv, embed, none, flatten.")
+
+    @staticmethod
+    def out_shape(input_shape: Sequence[int], channels: int, kind: str | None) -> tuple[int, int]:
+        """``(positions, width)`` of a sequence stem's output."""
+        length, features = (int(s) for s in input_shape)
+        if kind == "none":
+            return length, features
+        if kind == "flatten":
+            return 1, length * features
+        return length, channels
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.domain == IMAGE:
+        if self.kind == "conv":
             return F.relu(self.bn(self.conv(x)))
-        return self.embed(x) + self.position
+        if self.kind == "embed":
+            return self.embed(x) + self.position
+        if self.kind == "flatten":
+            return x.reshape(x.shape[0], 1, -1)
+        return x
 
 
 class SharedHead(nn.Module):
@@ -101,6 +140,45 @@ class SharedHead(nn.Module):
             out.fc.bias.copy_(self.fc.bias)
             if self.norm is not None and out.norm is not None:
                 _copy_ln(self.norm, out.norm, c_in)
+        return out
+
+
+class FlattenHead(nn.Module):
+    """A linear classifier on every position of the last state, ``(N, L, C) -> (N, L * C)``
+    (the MNIST-1D paper's heads). The shared weight keeps one ``(classes, L, channels)`` block
+    per length a path can end with, sliced to the path's width."""
+
+    def __init__(self, channels: int, num_classes: int, lengths: Sequence[int]) -> None:
+        super().__init__()
+        self.channels, self.num_classes = channels, num_classes
+        self.weights = nn.ParameterDict()
+        for length in sorted(set(int(n) for n in lengths)):
+            w = torch.empty(num_classes, length * channels)
+            nn.init.kaiming_uniform_(w, a=5**0.5)  # as nn.Linear
+            self.weights[str(length)] = nn.Parameter(w.view(num_classes, length, channels))
+        bound = 1.0 / (min(lengths) * channels) ** 0.5
+        self.bias = nn.Parameter(torch.empty(num_classes).uniform_(-bound, bound))
+
+    def _weight(self, length: int, c: int) -> torch.Tensor:
+        key = str(length)
+        if key not in self.weights:
+            raise ValueError(
+                f"A path ends with {length} positions; this head has weights for "
+                f"{sorted(int(k) for k in self.weights)}."
+            )
+        return self.weights[key][:, :, :c].reshape(self.num_classes, length * c)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n, length, c = x.shape
+        return F.linear(x.reshape(n, length * c), self._weight(length, c), self.bias)
+
+    def export(self, c_in: int, length: int) -> FlattenHead:
+        out = FlattenHead(c_in, self.num_classes, [length])
+        with torch.no_grad():
+            out.weights[str(length)].copy_(
+                self._weight(length, c_in).view_as(out.weights[str(length)])
+            )
+            out.bias.copy_(self.bias)
         return out
 
 
@@ -183,4 +261,8 @@ class CellLayer(nn.Module):
         else:
             h = x
         y = self.op(h, self.cell)
-        return y if self.last else torch.cat([x, y], dim=self.dim)
+        if self.last:
+            return y
+        if y.dim() == 3:  # a sequence cell that downsampled: the earlier states follow it
+            x = to_length(x, y.shape[1])
+        return torch.cat([x, y], dim=self.dim)

@@ -103,6 +103,10 @@ class SharedOp(nn.Module, abc.ABC):
         """Width of the output for an input of ``c_in`` channels."""
         return c_in
 
+    def out_length(self, length: int, cell: CellConfig) -> int:
+        """Positions of the output for a sequence of ``length`` positions."""
+        return length
+
     @abc.abstractmethod
     def forward(self, x: torch.Tensor, cell: CellConfig) -> torch.Tensor:
         """The operator applied to ``x`` with the micro parameters of ``cell``."""
@@ -245,6 +249,12 @@ class Conv1dOp(SharedOp):
         return out
 
 
+def effective_heads(heads: int, width: int) -> int:
+    """The most heads, up to ``heads``, that divide ``width`` (a width a space reaches from a
+    raw signal or a paper's odd width can be indivisible by the searched head count)."""
+    return max(h for h in range(1, heads + 1) if width % h == 0)
+
+
 class AttentionOp(SharedOp):
     """Pre-norm multi-head self-attention, plus a feed-forward block when ``ffn`` (transformer).
 
@@ -281,9 +291,7 @@ class AttentionOp(SharedOp):
     def forward(self, x: torch.Tensor, cell: CellConfig) -> torch.Tensor:
         t, shape = self._tokens(x)
         n, length, c = t.shape
-        heads = cell.heads or 1
-        if c % heads:
-            raise ValueError(f"{heads} attention heads do not divide the width {c}.")
+        heads = effective_heads(cell.heads or 1, c)
         h = sliced_layer_norm(t, self.norm1)
         qkv = (
             torch.einsum("nlc,kdc->knld", h, self.qkv[:, :c, :c])
@@ -317,6 +325,160 @@ class AttentionOp(SharedOp):
                 out.fc1.bias.copy_(self.fc1.bias[: e * c])
                 out.fc2.weight.copy_(self.fc2.weight[:c, : e * c])
                 out.fc2.bias.copy_(self.fc2.bias[:c])
+        return out
+
+
+class SignalConvOp(SharedOp):
+    """Conv1d over ``(N, L, C)`` sequences, then BatchNorm and ReLU (``norm``), or with a bias
+    and ReLU only (the plain convolutions and, with kernel 1, the linear layers of the
+    MNIST-1D paper's models); a stride of 2 halves the positions."""
+
+    def __init__(
+        self,
+        c_in: int,
+        c_out: int,
+        kernel: int,
+        *,
+        norm: bool,
+        dilation: int = 1,
+        fixed_kernel: int | None = None,
+        fixed_stride: int | None = None,
+    ) -> None:
+        super().__init__()
+        self.domain = SEQUENCE
+        self.c_in, self.c_out, self.kernel, self.norm = c_in, c_out, kernel, norm
+        self.dilation, self.fixed_kernel, self.fixed_stride = dilation, fixed_kernel, fixed_stride
+        self.weight = nn.Parameter(torch.empty(c_out, c_in, kernel))
+        nn.init.kaiming_normal_(self.weight, mode="fan_in", nonlinearity="relu")
+        if norm:
+            self.bn = nn.BatchNorm1d(c_out)
+        else:
+            self.bias = nn.Parameter(torch.zeros(c_out))
+
+    def _kernel(self, cell: CellConfig) -> int:
+        return self.fixed_kernel or cell.kernel or self.kernel
+
+    def _stride(self, cell: CellConfig) -> int:
+        return self.fixed_stride or cell.stride or 1
+
+    def out_channels(self, c_in: int, cell: CellConfig) -> int:
+        return cell.width or self.c_out
+
+    def out_length(self, length: int, cell: CellConfig) -> int:
+        k, d, s = self._kernel(cell), self.dilation, self._stride(cell)
+        return (length + 2 * (d * (k - 1) // 2) - d * (k - 1) - 1) // s + 1
+
+    def forward(self, x: torch.Tensor, cell: CellConfig) -> torch.Tensor:
+        c, w, k = x.shape[-1], self.out_channels(x.shape[-1], cell), self._kernel(cell)
+        weight = _crop(self.weight[:w, :c], k, 1)
+        bias = None if self.norm else self.bias[:w]
+        pad = self.dilation * (k - 1) // 2
+        y = F.conv1d(x.transpose(1, 2), weight, bias, self._stride(cell), pad, self.dilation)
+        if self.norm:
+            y = sliced_batch_norm(y, self.bn)
+        return F.relu(y).transpose(1, 2)
+
+    def export(self, c_in: int, cell: CellConfig) -> SignalConvOp:
+        w, k = self.out_channels(c_in, cell), self._kernel(cell)
+        out = SignalConvOp(
+            c_in,
+            w,
+            k,
+            norm=self.norm,
+            dilation=self.dilation,
+            fixed_kernel=k,
+            fixed_stride=self._stride(cell),
+        )
+        with torch.no_grad():
+            out.weight.copy_(_crop(self.weight[:w, :c_in], k, 1))
+            if self.norm:
+                _copy_bn(self.bn, out.bn, w)
+            else:
+                out.bias.copy_(self.bias[:w])
+        return out
+
+
+class Pool1dOp(SharedOp):
+    """Max or average pooling over 3 positions with stride 2 (halves a sequence)."""
+
+    def __init__(self, kind: str, kernel: int = 3) -> None:
+        super().__init__()
+        if kind not in ("max", "avg"):
+            raise ValueError(f"Pooling kind is {kind!r}, but must be 'max' or 'avg'.")
+        self.kind, self.kernel, self.domain = kind, kernel, SEQUENCE
+
+    def out_length(self, length: int, cell: CellConfig) -> int:
+        return (length + 2 * (self.kernel // 2) - self.kernel) // 2 + 1
+
+    def forward(self, x: torch.Tensor, cell: CellConfig) -> torch.Tensor:
+        t = x.transpose(1, 2)
+        pad = self.kernel // 2
+        if self.kind == "max":
+            y = F.max_pool1d(t, self.kernel, 2, pad)
+        else:
+            y = F.avg_pool1d(t, self.kernel, 2, pad, count_include_pad=False)
+        return y.transpose(1, 2)
+
+    def export(self, c_in: int, cell: CellConfig) -> Pool1dOp:
+        return Pool1dOp(self.kind, self.kernel)
+
+
+# nn.GRU's parameters of one bidirectional layer, in the order its kernel takes them.
+_GRU_WEIGHTS = tuple(
+    f"{kind}_l0{direction}"
+    for direction in ("", "_reverse")
+    for kind in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")
+)
+
+
+class GruOp(SharedOp):
+    """A bidirectional GRU over ``(N, L, C)``: ``width // 2`` hidden units each way, every
+    position's two states concatenated (width ``2 * (width // 2)``). Shared weights are
+    sliced by gate: the first ``h`` units of each of the reset, update and new gates."""
+
+    def __init__(self, c_in: int, width: int) -> None:
+        super().__init__()
+        self.domain = SEQUENCE
+        self.c_in, self.hidden = c_in, max(1, width // 2)
+        self.gru = nn.GRU(c_in, self.hidden, batch_first=True, bidirectional=True)
+
+    def out_channels(self, c_in: int, cell: CellConfig) -> int:
+        return 2 * self._hidden(cell)
+
+    def _hidden(self, cell: CellConfig) -> int:
+        return max(1, (cell.width or 2 * self.hidden) // 2)
+
+    def _weights(self, c: int, h: int) -> list[torch.Tensor]:
+        """The flat weights of an ``nn.GRU(c, h, bidirectional=True)``, sliced."""
+        big = self.hidden
+        out = []
+        for name in _GRU_WEIGHTS:
+            w = getattr(self.gru, name)
+            gates = w.view(3, big, *w.shape[1:])[:, :h]
+            if name.startswith("weight_ih"):
+                gates = gates[..., :c]
+            elif name.startswith("weight_hh"):
+                gates = gates[..., :h]
+            out.append(gates.reshape(3 * h, *gates.shape[2:]))
+        return out
+
+    def forward(self, x: torch.Tensor, cell: CellConfig) -> torch.Tensor:
+        c, h = x.shape[-1], self._hidden(cell)
+        if c == self.c_in and h == self.hidden:
+            return self.gru(x)[0]
+        hx = x.new_zeros(2, x.shape[0], h)
+        # nn.GRU.forward calls this with its own flat weights; here they are sliced views
+        output, _ = torch._VF.gru(
+            x, hx, self._weights(c, h), True, 1, 0.0, self.training, True, True
+        )
+        return output
+
+    def export(self, c_in: int, cell: CellConfig) -> GruOp:
+        h = self._hidden(cell)
+        out = GruOp(c_in, 2 * h)
+        with torch.no_grad():
+            for name, w in zip(_GRU_WEIGHTS, self._weights(c_in, h)):
+                getattr(out.gru, name).copy_(w)
         return out
 
 
@@ -361,6 +523,20 @@ def build_op(
         )
     if family == "conv1d":
         return Conv1dOp(channels, channels, kernel, fixed_kernel=spec.kernel)
+    if family in ("conv1d_bn", "conv1d_plain"):
+        return SignalConvOp(
+            channels,
+            channels,
+            kernel,
+            norm=family == "conv1d_bn",
+            dilation=spec.dilation,
+            fixed_kernel=spec.kernel,
+            fixed_stride=None if spec.has_stride else 1,
+        )
+    if family == "pool1d":
+        return Pool1dOp("max" if spec.name.startswith("max") else "avg", spec.kernel or 3)
+    if family == "gru":
+        return GruOp(channels, channels)
     raise ValueError(
         f"Operator {spec.name!r} has family {family!r}, which SuperNet cannot build; give the "
         "OperatorSpec a `factory` returning a SharedOp."

@@ -25,9 +25,11 @@ from optuna_hpcnas.search_space import ClusterConfig
 from optuna_hpcnas.search_space import HierarchicalSearchSpace
 from optuna_hpcnas.supernet._layers import CellLayer
 from optuna_hpcnas.supernet._layers import DenseProjection
+from optuna_hpcnas.supernet._layers import FlattenHead
 from optuna_hpcnas.supernet._layers import padded_add
 from optuna_hpcnas.supernet._layers import SharedHead
 from optuna_hpcnas.supernet._layers import Stem
+from optuna_hpcnas.supernet._layers import to_length
 from optuna_hpcnas.supernet._ops import build_op
 from optuna_hpcnas.supernet._ops import channel_dim
 from optuna_hpcnas.supernet._ops import IMAGE
@@ -43,6 +45,15 @@ def _seeded(seed: int, build: Any) -> Any:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return build()
+
+
+def reachable_lengths(length: int, strides: Sequence[int], cells: int) -> list[int]:
+    """Every number of positions a sequence of ``length`` can have after ``cells`` cells that
+    each keep it or divide it (rounded up) by one of ``strides`` (stride-2 pooling included)."""
+    lengths = {length}
+    for _ in range(cells):
+        lengths |= {-(-n // s) for n in lengths for s in (*strides, 2)}
+    return sorted(lengths)
 
 
 def check_input_shape(domain: str, input_shape: Sequence[int]) -> tuple[int, ...]:
@@ -109,25 +120,12 @@ class SuperNet(nn.Module):
         self.input_shape = check_input_shape(self.domain, input_shape)
         self.num_classes = num_classes
         self.seed = seed
-        definition = space.to_dict()
-        self.channels = int(max(definition["widths"]))
-        self._max_kernel = int(max(definition["kernel_sizes"]))
-        self._max_expansion = int(max(definition["expansion_ratios"]))
-        self._operators: tuple[str, ...] = tuple(definition["operators"])
-        self._dense = "dense" in definition["topologies"]
-        for h in definition["num_heads"]:
-            bad = [w for w in definition["widths"] if w % h]
-            uses_heads = any(space.registry[o].has_heads for o in self._operators)
-            if uses_heads and bad:
-                raise ValueError(
-                    f"`num_heads` contains {h}, which does not divide the width {bad[0]}; "
-                    "every width must be divisible by every number of heads."
-                )
+        self._configure(space)
         n = space.num_cells
-        self.stem = _seeded(
-            position_seed(seed, 0, "stem"),
-            lambda: Stem(self.input_shape, self.channels, self.domain),
-        )
+        if self._searched_stems:
+            self.stems = nn.ModuleDict({k: self._build_stem(k) for k in space.stems})
+        else:
+            self.stem = self._build_stem(None)
         self.cells = nn.ModuleList(
             nn.ModuleDict({name: self._build_op(i + 1, name) for name in self._operators})
             for i in range(n)
@@ -136,9 +134,59 @@ class SuperNet(nn.Module):
         if self._dense:
             for i in range(1, n):
                 self.projections[str(i)] = self._build_projection(i + 1, i + 1)
-        self.head = _seeded(
-            position_seed(seed, n + 1, "head"),
-            lambda: SharedHead(self.channels, num_classes, self.domain),
+        if self._searched_heads:
+            self.heads = nn.ModuleDict({k: self._build_head(k) for k in space.heads})
+        else:
+            self.head = self._build_head(None)
+
+    def _configure(self, space: HierarchicalSearchSpace) -> None:
+        """Sizes every module is allocated at (shared by ``_PositionNet``)."""
+        definition = space.to_dict()
+        self._max_kernel = int(max(definition["kernel_sizes"]))
+        self._max_expansion = int(max(definition["expansion_ratios"]))
+        self._operators: tuple[str, ...] = tuple(definition["operators"])
+        self._dense = "dense" in definition["topologies"]
+        self._searched_stems = "stems" in definition
+        self._searched_heads = "heads" in definition
+        self._strides = tuple(definition.get("strides", (1,)))
+        # The widest state: a cell, or a stem that passes the raw or flattened sample on.
+        self.channels = int(max(definition["widths"]))
+        if self.domain != IMAGE:
+            for kind in space.stems:
+                self.channels = max(self.channels, Stem.out_shape(self.input_shape, 0, kind)[1])
+        self.stem_widths = {
+            kind: self.channels
+            if self.domain == IMAGE
+            else Stem.out_shape(self.input_shape, self.channels, kind)[1]
+            for kind in space.stems
+        }
+        if "flatten" in space.stems and self.channels > 4 * int(max(definition["widths"])):
+            raise ValueError(
+                f"The flatten stem makes {self.channels} features of a {self.input_shape} "
+                f"sample, more than 4x the widest cell ({max(definition['widths'])}): leave "
+                "'flatten' out of `stems` for samples this large."
+            )
+
+    def _build_stem(self, kind: str | None) -> Stem:
+        name = "stem" if kind is None else f"stem:{kind}"
+        return _seeded(
+            position_seed(self.seed, 0, name),
+            lambda: Stem(self.input_shape, self.channels, self.domain, kind),
+        )
+
+    def _build_head(self, kind: str | None) -> nn.Module:
+        n = self.space.num_cells
+        name = "head" if kind is None else f"head:{kind}"
+        if kind == "flatten":
+            starts = {Stem.out_shape(self.input_shape, 0, k)[0] for k in self.space.stems}
+            lengths = sorted({m for s in starts for m in reachable_lengths(s, self._strides, n)})
+            return _seeded(
+                position_seed(self.seed, n + 1, name),
+                lambda: FlattenHead(self.channels, self.num_classes, lengths),
+            )
+        return _seeded(
+            position_seed(self.seed, n + 1, name),
+            lambda: SharedHead(self.channels, self.num_classes, self.domain),
         )
 
     # ------------------------------------------------------------------ construction
@@ -171,6 +219,16 @@ class SuperNet(nn.Module):
         op = cell[name]
         assert isinstance(op, SharedOp)
         return op
+
+    def _stem(self, arch: Architecture) -> Stem:
+        stem = self.stems[str(arch.stem)] if self._searched_stems else self.stem
+        assert isinstance(stem, Stem)
+        return stem
+
+    def _head(self, arch: Architecture) -> nn.Module:
+        head = self.heads[str(arch.head)] if self._searched_heads else self.head
+        assert isinstance(head, nn.Module)
+        return head
 
     def _projection(self, index: int) -> DenseProjection:
         projection = self.projections[str(index)]
@@ -206,8 +264,10 @@ class SuperNet(nn.Module):
         if arch.num_cells != len(self.cells):
             self.check_architecture(arch)
         dim = channel_dim(self.domain)
-        h = self.stem(x)
-        states = [h]
+        h = self._stem(arch)(x)
+        # dense: the earlier states, concatenated as the layers carry them (averaged down to a
+        # downsampling cell's positions in the same steps, so both compute the same function)
+        earlier, widths = h, [h.shape[dim]]
         for i, cell in enumerate(arch.cells):
             op = self._op(i, cell.op)
             if arch.topology == "chain":
@@ -215,19 +275,27 @@ class SuperNet(nn.Module):
             elif arch.topology == "residual":
                 h = padded_add(op(h, cell), h, dim)
             else:
-                if i > 0:
-                    widths = [s.shape[dim] for s in states]
-                    projection = self._projection(i)
-                    inp = projection.project(torch.cat(states, dim=dim), widths, widths[-1])
-                else:
-                    inp = h
+                inp = self._projection(i).project(earlier, widths, widths[-1]) if i > 0 else h
                 h = op(inp, cell)
-                states.append(h)
-        return self.head(h)
+                earlier = torch.cat([to_length(earlier, h.shape[1]), h], dim=dim)
+                widths.append(h.shape[dim])
+        return self._head(arch)(h)
+
+    def lengths(self, arch: Architecture) -> list[int]:
+        """Positions of the states ``x_0 .. x_n`` of a sequence path (stem output, then each
+        cell's output)."""
+        if self.domain == IMAGE:
+            raise ValueError("Images have no sequence lengths.")
+        n = Stem.out_shape(self.input_shape, 0, arch.stem)[0]
+        out = [n]
+        for i, cell in enumerate(arch.cells):
+            n = self._op(i, cell.op).out_length(n, cell)
+            out.append(n)
+        return out
 
     def widths(self, arch: Architecture) -> list[int]:
         """Widths of the states ``x_0 .. x_n`` (stem output, then each cell's output)."""
-        c = self.channels
+        c = self.stem_widths[str(arch.stem) if self._searched_stems else self.space.stems[0]]
         out = [c]
         for i, cell in enumerate(arch.cells):
             op = self._op(i, cell.op)
@@ -246,7 +314,7 @@ class SuperNet(nn.Module):
         self.check_architecture(arch)
         widths = self.widths(arch)
         n = arch.num_cells
-        out: list[nn.Module] = [copy.deepcopy(self.stem)]
+        out: list[nn.Module] = [copy.deepcopy(self._stem(arch))]
         for i, cell in enumerate(arch.cells):
             op = self._op(i, cell.op)
             projection = None
@@ -265,10 +333,17 @@ class SuperNet(nn.Module):
                     last=i == n - 1,
                 )
             )
-        out.append(self.head.export(widths[-1]))
+        out.append(self._export_head(arch, widths[-1]))
         for layer in out:
             layer.train(self.training)
         return out
+
+    def _export_head(self, arch: Architecture, width: int) -> nn.Module:
+        head = self._head(arch)
+        if isinstance(head, FlattenHead):
+            return head.export(width, self.lengths(arch)[-1])
+        assert isinstance(head, SharedHead)
+        return head.export(width)
 
     def subnet(self, arch: Architecture) -> nn.Sequential:
         """A standalone ``nn.Sequential`` of ``layers(arch)``: plain PyTorch, own weights."""
@@ -333,15 +408,10 @@ class _PositionNet:
         # An empty shell holding only the needed modules, so widths/export logic is shared.
         shell = SuperNet.__new__(SuperNet)
         nn.Module.__init__(shell)
-        definition = space.to_dict()
         shell.space, shell.domain, shell.seed = space, space.domain, seed
         shell.input_shape = check_input_shape(space.domain, input_shape)
         shell.num_classes = num_classes
-        shell.channels = int(max(definition["widths"]))
-        shell._max_kernel = int(max(definition["kernel_sizes"]))
-        shell._max_expansion = int(max(definition["expansion_ratios"]))
-        shell._operators = tuple(definition["operators"])
-        shell._dense = "dense" in definition["topologies"]
+        shell._configure(space)
         shell.check_architecture(arch)
         # Width bookkeeping needs each cell's operator (no weights allocated for pools etc.,
         # and conv ops are cheap to allocate at these sizes only once per recipe).
@@ -351,17 +421,17 @@ class _PositionNet:
         )
         widths = shell.widths(arch)
         if index == 0:
-            shell.stem = _seeded(
-                position_seed(seed, 0, "stem"),
-                lambda: Stem(shell.input_shape, shell.channels, shell.domain),
-            )
-            self.layer: nn.Module = copy.deepcopy(shell.stem)
+            if shell._searched_stems:
+                shell.stems = nn.ModuleDict({str(arch.stem): shell._build_stem(arch.stem)})
+            else:
+                shell.stem = shell._build_stem(None)
+            self.layer: nn.Module = copy.deepcopy(shell._stem(arch))
         elif index == n + 1:
-            head = _seeded(
-                position_seed(seed, n + 1, "head"),
-                lambda: SharedHead(shell.channels, num_classes, shell.domain),
-            )
-            self.layer = head.export(widths[-1])
+            if shell._searched_heads:
+                shell.heads = nn.ModuleDict({str(arch.head): shell._build_head(arch.head)})
+            else:
+                shell.head = shell._build_head(None)
+            self.layer = shell._export_head(arch, widths[-1])
         else:
             i = index - 1
             cell = arch.cells[i]

@@ -70,7 +70,7 @@ def test_npz_without_valid_and_test_is_split(tmp_path: Path) -> None:
                 "x_test": np.zeros((2, 3)),
                 "y_test": np.arange(2),
             },
-            r"valid samples have shape \(4,\)",
+            r"valid samples have shape \(4, 1\)",
         ),
     ],
 )
@@ -82,6 +82,100 @@ def test_bad_npz_names_the_file_and_the_problem(
     with pytest.raises(DataError, match=message) as info:
         DataConfig(name="npz", path=str(path)).load()
     assert str(path) in str(info.value)
+
+
+def test_npz_signals_of_one_or_several_features(tmp_path: Path) -> None:
+    for shape, expected in (((40,), (40, 1)), ((40, 3), (40, 3))):
+        path = tmp_path / f"signals{len(shape)}.npz"
+        x, y = _arrays(120, shape, 4)
+        np.savez(path, x_train=x, y_train=y)
+        task = DataConfig(name="npz", path=str(path), validation_fraction=0.25).load()
+        assert task.domain == "sequence" and task.input_shape == expected
+        assert sum(task.sizes) == 120 and task.sizes[2] == 30
+
+
+def _npy_bytes(header: dict, body: bytes) -> bytes:
+    import io
+
+    out = io.BytesIO()
+    np.lib.format.write_array_header_1_0(out, header)
+    return out.getvalue() + body
+
+
+def test_hostile_npz_files_are_refused_before_anything_is_allocated(tmp_path: Path) -> None:
+    import zipfile
+
+    objects = tmp_path / "objects.npz"
+    np.savez(objects, x_train=np.array([{"a": 1}, None], dtype=object), y_train=np.arange(2))
+    with pytest.raises(DataError, match="holds Python objects"):
+        DataConfig(name="npz", path=str(objects)).load()
+
+    # a header claiming 8 TB of float64 over 80 bytes of data
+    huge = tmp_path / "huge.npz"
+    claim = {"descr": "<f8", "fortran_order": False, "shape": (10**12,)}
+    with zipfile.ZipFile(huge, "w", zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("x_train.npy", _npy_bytes(claim, bytes(80)))
+        labels = {"descr": "<i8", "fortran_order": False, "shape": (10,)}
+        archive.writestr("y_train.npy", _npy_bytes(labels, bytes(80)))
+    with pytest.raises(DataError, match=r"claims shape \(1000000000000,\)"):
+        DataConfig(name="npz", path=str(huge)).load()
+
+    stray = tmp_path / "stray.npz"
+    with zipfile.ZipFile(stray, "w") as archive:
+        archive.writestr("x_train.npy", b"junk")
+        archive.writestr("notes.txt", b"hello")
+    with pytest.raises(DataError, match="not a readable .npz"):
+        DataConfig(name="npz", path=str(stray)).load()
+
+
+def _png_header(width: int, height: int) -> bytes:
+    """A PNG whose header claims ``width x height`` grey pixels (no image data)."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        crc = zlib.crc32(kind + data) & 0xFFFFFFFF
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", crc)
+
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IEND", b"")
+
+
+@pytest.mark.parametrize("side", [10_000, 30_000])  # over Pillow's limit; over twice it
+def test_decompression_bombs_are_refused(tmp_path: Path, side: int) -> None:
+    _image_folder(tmp_path, sizes={"train": 2})
+    (tmp_path / "train" / "cat" / "bomb.png").write_bytes(_png_header(side, side))
+    with pytest.raises(DataError, match="decompression bomb"):
+        DataConfig(name="image_folder", root=str(tmp_path)).load()
+
+
+def test_mnist1d_is_generated_here_as_published() -> None:
+    pytest.importorskip("mnist1d")
+    import random
+
+    from mnist1d.data import get_dataset_args
+    from mnist1d.data import make_dataset
+
+    random.seed(3)
+    np.random.seed(3)  # noqa: NPY002 - the generator's global state must be left alone
+    before = (random.random(), np.random.random())  # noqa: NPY002
+    random.seed(3)
+    np.random.seed(3)  # noqa: NPY002
+    task = DataConfig(name="mnist1d").load()
+    assert (random.random(), np.random.random()) == before  # noqa: NPY002
+    assert task.name == "mnist1d" and task.domain == "sequence"
+    assert task.input_shape == (40, 1) and task.num_classes == 10
+    assert task.sizes == (3200, 800, 1000)
+    published = make_dataset(get_dataset_args())  # seed 42, the package's default
+    x_test, y_test = task.test.tensors
+    mean, std = task.preprocessing["mean"][0], task.preprocessing["std"][0]
+    raw = x_test[:, :, 0].numpy() * std + mean
+    assert np.allclose(raw, published["x_test"], atol=1e-4)
+    assert np.array_equal(y_test.numpy(), published["y_test"])
+    other = DataConfig(name="mnist1d", generator_seed=7).load()
+    assert not np.allclose(other.test.tensors[0].numpy(), x_test.numpy())
+    with pytest.raises(ValueError, match="generator_seed"):
+        DataConfig(name="digits", generator_seed=7)
 
 
 def test_missing_or_unreadable_files(tmp_path: Path) -> None:

@@ -169,12 +169,26 @@ def test_bad_inputs_raise_clear_errors() -> None:
         net.subnet(foreign)
 
 
-def test_heads_must_divide_every_width() -> None:
+def test_heads_that_do_not_divide_a_width_become_the_largest_that_do() -> None:
+    from optuna_hpcnas.supernet._ops import effective_heads
+
+    assert [effective_heads(4, w) for w in (6, 12, 25, 1)] == [3, 4, 1, 1]
     space = HierarchicalSearchSpace(
-        num_cells=1, operators=("attention",), widths=(6, 12), num_heads=(3, 4)
+        num_cells=2,
+        operators=("conv3x3", "attention"),
+        widths=(6, 12),
+        num_heads=(3, 4),
+        topologies=("chain",),
     )
-    with pytest.raises(ValueError, match="does not divide the width 6"):
-        SuperNet(space, input_shape=(1, 4, 4), num_classes=2)
+    net = SuperNet(space, input_shape=(1, 4, 4), num_classes=2).eval()
+    x = torch.randn(2, 1, 4, 4)
+    narrow = CellConfig("conv3x3", kernel=3, width=6)
+    four, three = (
+        Architecture("chain", (narrow, CellConfig("attention", heads=h))) for h in (4, 3)
+    )
+    # width 6 with 4 heads runs as 3 heads: the same function as asking for 3
+    assert torch.allclose(net(x, four), net(x, three))
+    assert torch.allclose(net.subnet(four)(x), net(x, four), atol=1e-5)
 
 
 def test_pooling_matches_torch_pooling() -> None:
