@@ -256,15 +256,50 @@ class _Server:
         self.classes = int(sess.get_outputs()[0].shape[-1])
         self.batcher = _Batcher(sess, max_batch=limits.max_batch, metrics=self.series)
         self._parser = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hpcnas-parse")
+        self._trim = _heap_trimmer()
+        self._inflight = 0
+        self._large_since_trim = False
 
     async def _parse(self, request: Request, parse: Callable[..., Any]) -> Any:
         body = await _read_body(request, self.limits.max_body_bytes)
         if len(body) <= _INLINE_PARSE_BYTES:
             return parse(body, self.shape, self.limits.max_instances)
+        self._large_since_trim = True
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(
             self._parser, parse, body, self.shape, self.limits.max_instances
         )
+
+    async def _handle(
+        self,
+        request: Request,
+        parse: Callable[..., tuple[np.ndarray, dict[str, Any]]],
+        respond: Callable[[np.ndarray, dict[str, Any]], dict[str, Any]],
+    ) -> Response:
+        """Parse, infer and answer one request of either protocol."""
+        from starlette.responses import JSONResponse
+
+        if (refused := self._unknown(request)) is not None:
+            return refused
+        self._inflight += 1
+        try:
+            try:
+                batch, echo = await self._parse(request, parse)
+            except BadRequest as e:
+                return JSONResponse({"error": e.message}, e.status)
+            try:
+                logits = await self.batcher.infer(batch)
+            except Exception:  # never let one request take the server down
+                _logger.exception("Inference failed.")
+                return JSONResponse({"error": "Inference failed."}, 500)
+            return JSONResponse(respond(logits, echo))
+        finally:
+            self._inflight -= 1
+            if self._inflight == 0 and self._large_since_trim and self._trim is not None:
+                # Large bodies leave the C heap with free pages that glibc keeps; handing them
+                # back once the server is idle brings its memory back near the baseline.
+                self._large_since_trim = False
+                asyncio.get_running_loop().run_in_executor(self._parser, self._trim)
 
     def _unknown(self, request: Request) -> Response | None:
         from starlette.responses import JSONResponse
@@ -279,15 +314,6 @@ class _Server:
             return JSONResponse({"error": f"Unknown version {version!r} of {self.name!r}."}, 404)
         return None
 
-    async def _infer(self, batch: np.ndarray) -> np.ndarray | Response:
-        from starlette.responses import JSONResponse
-
-        try:
-            return await self.batcher.infer(batch)
-        except Exception:  # never let one request take the server down
-            _logger.exception("Inference failed.")
-            return JSONResponse({"error": "Inference failed."}, 500)
-
     # ------------------------------------------------------------------------ KServe v1
     async def v1_models(self, request: Request) -> Response:
         from starlette.responses import JSONResponse
@@ -300,18 +326,10 @@ class _Server:
         return self._unknown(request) or JSONResponse({"name": self.name, "ready": True})
 
     async def v1_predict(self, request: Request) -> Response:
-        from starlette.responses import JSONResponse
+        def parse(body: bytes, *args: Any) -> tuple[np.ndarray, dict[str, Any]]:
+            return parse_v1(body, *args), {}
 
-        if (refused := self._unknown(request)) is not None:
-            return refused
-        try:
-            batch = await self._parse(request, parse_v1)
-        except BadRequest as e:
-            return JSONResponse({"error": e.message}, e.status)
-        logits = await self._infer(batch)
-        if not isinstance(logits, np.ndarray):
-            return logits
-        return JSONResponse(v1_response(logits))
+        return await self._handle(request, parse, lambda logits, _: v1_response(logits))
 
     # ------------------------------------------------------------------------ v2
     async def v2_server(self, request: Request) -> Response:
@@ -353,24 +371,32 @@ class _Server:
     async def v2_infer(self, request: Request) -> Response:
         from starlette.responses import JSONResponse
 
-        if (refused := self._unknown(request)) is not None:
-            return refused
-        if "inference-header-content-length" in request.headers:
+        if "inference-header-content-length" in request.headers and not self._unknown(request):
             message = "Binary tensor data is not supported: send the data as JSON."
             return JSONResponse({"error": message}, 400)
-        try:
-            batch, echo = await self._parse(request, parse_v2)
-        except BadRequest as e:
-            return JSONResponse({"error": e.message}, e.status)
-        logits = await self._infer(batch)
-        if not isinstance(logits, np.ndarray):
-            return logits
-        return JSONResponse(v2_response(logits, model_name=self.name, version=VERSION, echo=echo))
+
+        def respond(logits: np.ndarray, echo: dict[str, Any]) -> dict[str, Any]:
+            return v2_response(logits, model_name=self.name, version=VERSION, echo=echo)
+
+        return await self._handle(request, parse_v2, respond)
 
     async def metrics(self, request: Request) -> Response:
         from starlette.responses import Response
 
         return Response(self.series.exposition(), media_type=self.series.content_type)
+
+
+def _heap_trimmer() -> Callable[[], Any] | None:
+    """glibc's ``malloc_trim(0)``, or ``None`` where the C library is not glibc."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        trim = libc.malloc_trim
+    except (OSError, AttributeError):
+        return None
+    return lambda: trim(0)
 
 
 def _routes(server: _Server) -> list[tuple[str, Any, str]]:
