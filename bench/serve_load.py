@@ -18,6 +18,7 @@ process:
    ``timeoutSeconds`` the chart got from ``deploy_model``'s measurements.
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/serve_load.py
+    OMP_NUM_THREADS=1 .venv/bin/python bench/serve_load.py --arch wide --skip large probe
     OMP_NUM_THREADS=1 .venv/bin/python bench/serve_load.py --requests 4000 --model-dir deploy/
 
 Clients and server share the machine (2 cores here): the figures are what one box does, and
@@ -48,7 +49,18 @@ import numpy as np
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
-def deploy_digits(out: Path, epochs: int) -> None:
+ARCHS = {
+    # the tests' small model: a model call costs ~25 us, far less than a request's handling
+    "small": ("digits-small", (("conv3x3", 32), ("sepconv3x3", 32), ("maxpool3x3", None))),
+    # a heavier one of cifar-like's cells on the same 8x8 digits, where merging calls pays
+    "wide": (
+        "cifar-like",
+        (("conv5x5", 128), ("conv5x5", 128), ("conv3x3", 128)) + (("identity", None),) * 5,
+    ),
+}
+
+
+def deploy_digits(out: Path, epochs: int, arch_name: str) -> None:
     """A digits subnet trained for ``epochs`` and deployed into ``out`` (raw-pixel input)."""
     import torch
     import torch.nn.functional as F
@@ -64,9 +76,10 @@ def deploy_digits(out: Path, epochs: int) -> None:
 
     torch.manual_seed(0)
     data = load_digits_task(seed=0)
-    cells = (CellConfig("conv3x3", width=32), CellConfig("sepconv3x3", width=32))
-    arch = Architecture("residual", (*cells, CellConfig("maxpool3x3")), ClusterConfig(1, 1, 64))
-    space = HierarchicalSearchSpace.preset("digits-small")
+    preset, layout = ARCHS[arch_name]
+    cells = tuple(CellConfig(op, width=width) for op, width in layout)
+    arch = Architecture("residual", cells, ClusterConfig(1, 1, 64))
+    space = HierarchicalSearchSpace.preset(preset)
     net = SuperNet(space, input_shape=(1, 8, 8), num_classes=10, seed=0).subnet(arch).train()
     optimizer = torch.optim.Adam(net.parameters(), lr=1e-2)
     for _ in range(epochs):
@@ -266,6 +279,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model-dir", type=Path, help="a deployment of a digits model")
     parser.add_argument("--epochs", type=int, default=6, help="training without --model-dir")
+    parser.add_argument("--arch", choices=sorted(ARCHS), default="small", help="the model")
     parser.add_argument("--requests", type=int, default=2048, help="per protocol (>= 2000)")
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--large-requests", type=int, default=300)
@@ -276,7 +290,7 @@ def main() -> None:
         model_dir = args.model_dir
         if model_dir is None:
             model_dir = Path(tmp) / "digits"
-            deploy_digits(model_dir, args.epochs)
+            deploy_digits(model_dir, args.epochs, args.arch)
         if "load" not in args.skip:
             rows = load_phase(model_dir, args)
             print(
