@@ -184,9 +184,12 @@ def write_model_files(
 
     if input_form not in INPUTS:
         raise ExportError(f"`input_form` is {input_form!r}, but must be one of {list(INPUTS)}.")
-    module, info = model_for_export(
-        module, preprocessing, tuple(shape), standardise=input_form == "raw"
-    )
+    try:
+        module, info = model_for_export(
+            module, preprocessing, tuple(shape), standardise=input_form == "raw"
+        )
+    except ValueError as e:  # a task whose recorded standardisation cannot be applied
+        raise ExportError(f"--input raw: {e}") from None
     written: list[tuple[Path, str]] = []
     # Batch 2 in the example: a batch of 1 would be specialised into the program.
     example = (torch.randn(2, *shape),)

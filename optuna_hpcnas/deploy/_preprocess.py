@@ -110,7 +110,12 @@ def describe_input(
     ``input``): tensor name, datatype and shape, and whether to send raw data."""
     from optuna_hpcnas.deploy._onnx import INPUT_NAME
 
-    stats = standardisation(preprocessing, input_shape)
+    try:
+        stats = standardisation(preprocessing, input_shape)
+    except ValueError:
+        if in_model:
+            raise
+        stats = None  # not applied, so not needed: the files take the model's own inputs
     info: dict[str, Any] = {
         "name": INPUT_NAME,
         "datatype": "FP32",
@@ -139,8 +144,8 @@ def model_for_export(
 ) -> tuple[Any, dict[str, Any]]:
     """The module to export (``model``, preceded by the task's standardisation unless
     ``standardise`` is false) and the description of its input (``describe_input``)."""
-    stats = standardisation(preprocessing, input_shape)
     info = describe_input(preprocessing, input_shape, in_model=standardise)
-    if standardise and stats is not None:
+    stats = standardisation(preprocessing, input_shape) if standardise else None
+    if stats is not None:
         return with_standardisation(model, *stats), info
     return model, info

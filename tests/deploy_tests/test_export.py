@@ -109,3 +109,17 @@ def test_raw_input_export_puts_the_standardisation_first(tmp_path: Path) -> None
     np.testing.assert_allclose(got, expected, atol=1e-4)  # both files take raw pixels
     sess = ort.InferenceSession(str(tmp_path / "model.onnx"), providers=["CPUExecutionProvider"])
     np.testing.assert_allclose(sess.run(None, {"input": raw})[0], expected, atol=1e-4)
+
+
+def test_unreadable_standardisation_only_matters_when_applied(tmp_path: Path) -> None:
+    from optuna_hpcnas._export import ExportError
+
+    net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(8, 3)).eval()
+    odd = {"mean": "per sample", "std": 1.0}  # a factory's own notes, not statistics
+    written = write_model_files(net, (8,), tmp_path, onnx=False, preprocessing=odd)
+    assert [p.name for p, _ in written.files] == ["model.pt2"]
+    assert written.input["standardised_in_model"] is False
+    with pytest.raises(ExportError, match="--input raw: preprocessing `mean` is 'per sample'"):
+        write_model_files(net, (8,), tmp_path, preprocessing=odd, input_form="raw")
+    with pytest.raises(ExportError, match="`input_form` is 'cooked'"):
+        write_model_files(net, (8,), tmp_path, input_form="cooked")
