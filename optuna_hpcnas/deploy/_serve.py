@@ -339,10 +339,15 @@ class _Server:
 
         return JSONResponse({"name": "optuna-hpcnas", "version": __version__, "extensions": []})
 
-    async def v2_health(self, request: Request) -> Response:
+    async def v2_live(self, request: Request) -> Response:
         from starlette.responses import Response
 
         return Response(status_code=200)  # the protocol: 200 is true, the body empty
+
+    async def v2_ready(self, request: Request) -> Response:
+        from starlette.responses import Response
+
+        return Response(status_code=200)  # the one model is loaded before the app exists
 
     async def v2_model_ready(self, request: Request) -> Response:
         from starlette.responses import Response
@@ -371,7 +376,8 @@ class _Server:
     async def v2_infer(self, request: Request) -> Response:
         from starlette.responses import JSONResponse
 
-        if "inference-header-content-length" in request.headers and not self._unknown(request):
+        binary = "inference-header-content-length" in request.headers
+        if binary and self._unknown(request) is None:
             message = "Binary tensor data is not supported: send the data as JSON."
             return JSONResponse({"error": message}, 400)
 
@@ -408,8 +414,8 @@ def _routes(server: _Server) -> list[tuple[str, Any, str]]:
         ("/v1/models/{name}:predict", server.v1_predict, "POST"),
         ("/v1/models/{name}", server.v1_ready, "GET"),
         ("/v2", server.v2_server, "GET"),
-        ("/v2/health/live", server.v2_health, "GET"),
-        ("/v2/health/ready", server.v2_health, "GET"),
+        ("/v2/health/live", server.v2_live, "GET"),
+        ("/v2/health/ready", server.v2_ready, "GET"),
         ("/v2/models/{name}/ready", server.v2_model_ready, "GET"),
         (f"/v2/models/{{name}}{v}/ready", server.v2_model_ready, "GET"),
         ("/v2/models/{name}/infer", server.v2_infer, "POST"),

@@ -367,6 +367,12 @@ def test_metrics_count_requests_by_route_and_status(server: Server) -> None:
     assert after[key] == latency + 4
     unmatched = (("method", "GET"), ("route", "unmatched"), ("status", "404"))
     assert after[("hpcnas_serve_requests_total", unmatched)] >= 1
+    for path in ("/v2/health/live", "/v2/health/ready", "/v2/models/digits/versions/1/ready"):
+        assert server.raw("GET", path)[0] == 200
+    samples = server.metrics()
+    for route in ("/v2/health/live", "/v2/health/ready", "/v2/models/{name}/ready"):
+        key = (("method", "GET"), ("route", route), ("status", "200"))
+        assert samples[("hpcnas_serve_requests_total", key)] >= 1, route
 
 
 def _calls(running: Server) -> tuple[float, float]:
