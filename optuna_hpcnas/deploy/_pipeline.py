@@ -31,6 +31,7 @@ from optuna_hpcnas.deploy._container import dockerfile
 from optuna_hpcnas.deploy._container import helm_chart
 from optuna_hpcnas.deploy._container import probe_timeout_seconds
 from optuna_hpcnas.deploy._outdir import staged
+from optuna_hpcnas.deploy._outdir import Staging
 from optuna_hpcnas.deploy._preprocess import model_for_export
 from optuna_hpcnas.deploy._preprocess import raw_inputs
 from optuna_hpcnas.deploy._preprocess import standardisation
@@ -239,7 +240,7 @@ def _export_checked(
 def _write_container(
     out: Path, *, name: str, image: str | None, ort_version: str, probe_timeout: int
 ) -> list[str]:
-    """``Dockerfile`` and ``chart/`` into ``out``; the top-level names written."""
+    """``Dockerfile`` and ``chart/`` into ``out``; the files written."""
     chart_name = re.sub(r"[^a-z0-9-]+", "-", name.lower()).strip("-")[:50] or "model"
     (out / "Dockerfile").write_text(
         dockerfile(model_dir_name=chart_name, name=name, onnxruntime_version=ort_version)
@@ -254,7 +255,7 @@ def _write_container(
         path = out / "chart" / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
-    return ["Dockerfile", "chart"]
+    return ["Dockerfile", *(f"chart/{rel}" for rel in files)]
 
 
 def _serving_figures(
@@ -306,8 +307,9 @@ def _quantize_and_measure(
     repeats: int,
     margin: float,
     lap: Any,
-) -> tuple[dict[str, Any], dict[str, ModelFigures]]:
-    """INT8 quantization of the FP32 file, then the figures of both models."""
+) -> tuple[dict[str, Any], dict[str, ModelFigures], dict[str, Any]]:
+    """INT8 quantization of the FP32 file, then the figures of both models and the serving
+    figures of the INT8 one."""
     quantization = _onnx.quantize_int8(out / FP32_FILE, out / INT8_FILE, inputs)
     lap("quantize")
     figures = {}
@@ -315,7 +317,9 @@ def _quantize_and_measure(
         figures[key] = _figures(out / file, model, shape, held, threads=threads, repeats=repeats)
         lap(f"measure_{key}")
     _warn_int8_accuracy(figures["fp32"].accuracy, figures["int8"].accuracy, margin)
-    return quantization, figures
+    serving = _serving_figures(out / INT8_FILE, shape, figures["int8"], threads=threads)
+    lap("serving_figures")
+    return quantization, figures, serving
 
 
 class _Stopwatch:
@@ -357,9 +361,9 @@ def deploy_model(
 
     Writes ``model.onnx`` (FP32), ``model.int8.onnx`` (onnxruntime static QDQ INT8,
     calibrated on ``calibration``), ``Dockerfile``, ``chart/`` and ``report.json``. Both
-    models start with the standardisation recorded in ``preprocessing`` (``mean``, ``std``),
-    so they take raw data; ``standardise=False`` exports the model alone, for clients that
-    standardise upstream. A refused or failed deployment leaves ``out`` as it was.
+    models start with the standardisation recorded in ``preprocessing``, so they take raw
+    data. Everything is staged and moved into ``out`` at the end: a refused or failed
+    deployment leaves ``out`` as it was, and links already in it are replaced, not followed.
 
     Args:
         model: The trained module (put in eval mode here).
@@ -369,9 +373,8 @@ def deploy_model(
         holdout: ``(x, y)`` samples the search never saw, for verification.
         estimate: The search's accuracy estimate of this model, or ``None`` to skip the bar.
         margin: How far below ``estimate`` the verified FP32 accuracy may fall.
-        preprocessing: How raw inputs become model inputs (``TaskData.preprocessing``:
-            ``mean`` and ``std``, a scalar or one per channel / feature); ``calibration`` and
-            ``holdout`` hold samples after it.
+        preprocessing: ``TaskData.preprocessing`` (``mean``, ``std``): how the raw data
+            became the samples of ``calibration`` and ``holdout``.
         target: Deployment target (``optuna_hpcnas.search_space.target_names()``).
         name: Model name in the KServe routes.
         metadata: Anything else to record (study, trial, architecture).
@@ -379,7 +382,8 @@ def deploy_model(
         latency_repeats: Timed batch-1 runs per model.
         threads: onnxruntime intra-op threads of the measured sessions.
         image: Image reference for the Helm chart (default ``<name>:latest``).
-        standardise: Put the standardisation into the models (clients send raw data).
+        standardise: Start both models with that standardisation, so that they take raw
+            data (``False``: the model alone, for clients that standardise upstream).
 
     Raises:
         DeploymentRefused: The FP32 accuracy is more than ``margin`` below ``estimate``, the
@@ -396,50 +400,95 @@ def deploy_model(
     model.eval()
     exported, input_info = model_for_export(model, preprocessing, shape, standardise=standardise)
     with staged(out) as stage:
-        export = _export_checked(exported, stage.path, shape, target)
-        watch.lap("export_and_target_check")
-        held = _onnx.dataset_arrays(holdout)
-        inputs = _calibration_inputs(calibration, shape, seed)
-        if stats is not None:  # the datasets hold standardised samples; the model takes raw
-            held = (raw_inputs(held[0], *stats), held[1])
-            inputs = raw_inputs(inputs, *stats)
-        fp32_accuracy = _onnx.accuracy(_onnx.session(stage.path / FP32_FILE), *held)
-        _verify(fp32_accuracy, estimate, margin, len(held[1]))
-        watch.lap("verify")
-        quantization, figures = _quantize_and_measure(
-            exported, stage.path, shape, held, inputs,
-            threads=threads, repeats=latency_repeats, margin=margin, lap=watch.lap,
+        report = _deploy_staged(
+            stage, exported, shape, watch, input_info=input_info, stats=stats,
+            calibration=calibration, holdout=holdout, estimate=estimate, margin=margin,
+            preprocessing=preprocessing, target=target, name=name, metadata=metadata,
+            seed=seed, latency_repeats=latency_repeats, threads=threads, image=image,
         )  # fmt: skip
-        serving = _serving_figures(stage.path / INT8_FILE, shape, figures["int8"], threads=threads)
-        watch.lap("serving_figures")
-        versions = _versions()
-        names = [FP32_FILE, INT8_FILE]
-        names += _write_container(
-            stage.path, name=name, image=image, ort_version=versions["onnxruntime"],
-            probe_timeout=serving["probe_timeout_s"],
-        )  # fmt: skip
-        files = [*names[:-1], *(f"chart/{rel}" for rel in sorted(_chart_files(stage.path)))]
-        report = DeployReport(
-            name=name, target=target, input_shape=shape, input=input_info,
-            preprocessing=dict(preprocessing or {}), metadata=dict(metadata or {}),
-            estimate=None if estimate is None else float(estimate), margin=float(margin),
-            holdout_size=len(held[1]), fp32=figures["fp32"], int8=figures["int8"],
-            quantization=quantization, export=export, target_problems=(),
-            tensorrt=_tensorrt_status(), threads=threads, throughput_batch=THROUGHPUT_BATCH,
-            latency_repeats=latency_repeats, serving=serving, versions=versions,
-            seconds=watch.total(), timings=watch.timings, files=(*files, REPORT_FILE),
-        )  # fmt: skip
-        (stage.path / REPORT_FILE).write_text(json.dumps(report.to_dict(), indent=2) + "\n")
-        # The old report goes first and the new one comes last: a report only ever
-        # describes the files beside it.
-        stage.remove(REPORT_FILE)
-        stage.commit([*names, REPORT_FILE])
+        _commit(stage, report)
     return report
 
 
-def _chart_files(root: Path) -> list[str]:
-    chart = root / "chart"
-    return [p.relative_to(chart).as_posix() for p in chart.rglob("*") if p.is_file()]
+def _deploy_staged(
+    stage: Staging,
+    exported: torch.nn.Module,
+    shape: tuple[int, ...],
+    watch: _Stopwatch,
+    *,
+    input_info: dict[str, Any],
+    stats: tuple[np.ndarray, np.ndarray] | None,
+    calibration: Dataset,
+    holdout: Dataset,
+    estimate: float | None,
+    margin: float,
+    preprocessing: Mapping[str, Any] | None,
+    target: str,
+    name: str,
+    metadata: Mapping[str, Any] | None,
+    seed: int,
+    latency_repeats: int,
+    threads: int,
+    image: str | None,
+) -> DeployReport:
+    """``deploy_model``'s steps, every file written into the staging directory."""
+    export = _export_checked(exported, stage.path, shape, target)
+    watch.lap("export_and_target_check")
+    held, inputs = _verified_inputs(
+        stage.path / FP32_FILE, holdout, calibration, shape, seed=seed, stats=stats,
+        estimate=estimate, margin=margin,
+    )  # fmt: skip
+    watch.lap("verify")
+    quantization, figures, serving = _quantize_and_measure(
+        exported, stage.path, shape, held, inputs,
+        threads=threads, repeats=latency_repeats, margin=margin, lap=watch.lap,
+    )  # fmt: skip
+    versions = _versions()
+    files = _write_container(
+        stage.path, name=name, image=image, ort_version=versions["onnxruntime"],
+        probe_timeout=serving["probe_timeout_s"],
+    )  # fmt: skip
+    return DeployReport(
+        name=name, target=target, input_shape=shape, input=input_info,
+        preprocessing=dict(preprocessing or {}), metadata=dict(metadata or {}),
+        estimate=None if estimate is None else float(estimate), margin=float(margin),
+        holdout_size=len(held[1]), fp32=figures["fp32"], int8=figures["int8"],
+        quantization=quantization, export=export, target_problems=(),
+        tensorrt=_tensorrt_status(), threads=threads, throughput_batch=THROUGHPUT_BATCH,
+        latency_repeats=latency_repeats, serving=serving, versions=versions,
+        seconds=watch.total(), timings=watch.timings,
+        files=(FP32_FILE, INT8_FILE, *files, REPORT_FILE),
+    )  # fmt: skip
+
+
+def _verified_inputs(
+    fp32: Path,
+    holdout: Dataset,
+    calibration: Dataset,
+    shape: tuple[int, ...],
+    *,
+    seed: int,
+    stats: tuple[np.ndarray, np.ndarray] | None,
+    estimate: float | None,
+    margin: float,
+) -> tuple[tuple[np.ndarray, np.ndarray], np.ndarray]:
+    """``(holdout inputs and labels, calibration inputs)`` as the model takes them, once the
+    FP32 model met the bar on the holdout."""
+    held = _onnx.dataset_arrays(holdout)
+    inputs = _calibration_inputs(calibration, shape, seed)
+    if stats is not None:  # the datasets hold standardised samples; the model takes raw
+        held = (raw_inputs(held[0], *stats), held[1])
+        inputs = raw_inputs(inputs, *stats)
+    _verify(_onnx.accuracy(_onnx.session(fp32), *held), estimate, margin, len(held[1]))
+    return held, inputs
+
+
+def _commit(stage: Staging, report: DeployReport) -> None:
+    """``report.json`` staged, then everything moved in: the old report goes first and the
+    new one comes last, so a report only ever describes the files beside it."""
+    (stage.path / REPORT_FILE).write_text(json.dumps(report.to_dict(), indent=2) + "\n")
+    stage.remove(REPORT_FILE)
+    stage.commit([FP32_FILE, INT8_FILE, "Dockerfile", "chart", REPORT_FILE])
 
 
 def _warn_int8_accuracy(fp32: float, int8: float, margin: float) -> None:
