@@ -14,11 +14,18 @@ It is then scored on the held-out test split, which the search never saw. Files:
 * ``architecture.json`` — the architecture, the trial values and the export's accuracies;
 * ``model.pt2`` — the trained subnet as a ``torch.export`` program
   (``torch.export.load(path).module()``: a runnable module, no class of ours, no pickle);
-* ``model.onnx`` — the same graph for ONNX runtimes, where torch can export it.
+* ``model.onnx`` — the same graph for ONNX runtimes, written by ``hpcnas deploy``'s exporter
+  (``optuna_hpcnas.deploy._onnx.export_onnx``: one export path for both commands).
+
+Both take the model's own inputs (the task's standardised samples) unless ``input_form="raw"``
+puts the recorded standardisation in front of them; ``architecture.json`` says which. The
+files are staged and moved into ``out`` together (``deploy._outdir``): an existing symbolic
+link there is replaced, never followed.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from dataclasses import field
 import json
@@ -39,6 +46,7 @@ if TYPE_CHECKING:
 
 _logger = logging.getLogger(__name__)
 MODES = ("retrain", "finetune", "untrained")
+INPUTS = ("standardised", "raw")
 
 
 class ExportError(ValueError):
@@ -110,11 +118,14 @@ def export_trial(
     mode: str = "retrain",
     weights: str | Path | None = None,
     onnx: bool = True,
+    input_form: str = "standardised",
 ) -> ExportResult:
     """Train ``arch`` (see the module docstring) and write its files into ``out``."""
+    from optuna_hpcnas.deploy._outdir import staged
+
+    if input_form not in INPUTS:
+        raise ExportError(f"`input_form` is {input_form!r}, but must be one of {list(INPUTS)}.")
     module, metrics = trained_module(study, arch, data, mode=mode, recipe=recipe, weights=weights)
-    out.mkdir(parents=True, exist_ok=True)
-    files: list[tuple[Path, str]] = []
     meta = {
         "study": study.study_name,
         "trial": trial.number,
@@ -130,49 +141,82 @@ def export_trial(
             **{k: metrics[k] for k in ("valid_accuracy", "test_accuracy", "epochs")},
         },
     }
-    path = out / "architecture.json"
-    path.write_text(json.dumps(meta, indent=2) + "\n")
-    files.append((path, "architecture, trial values, export accuracies"))
-    files.extend(write_model_files(module.cpu().eval(), data.input_shape, out, onnx=onnx))
+    with staged(out) as stage:
+        written = write_model_files(
+            module.cpu().eval(), data.input_shape, stage.path, onnx=onnx,
+            preprocessing=data.preprocessing, input_form=input_form,
+        )  # fmt: skip
+        meta["input"] = written.input
+        (stage.path / "architecture.json").write_text(json.dumps(meta, indent=2) + "\n")
+        names = ["architecture.json", *(path.name for path, _ in written.files)]
+        if not onnx or "model.onnx" not in names:
+            stage.remove("model.onnx")  # an older export's ONNX file would not match
+        stage.commit(names)
+    files = [(out / "architecture.json", "architecture, trial values, export accuracies")]
+    files += [(out / path.name, what) for path, what in written.files]
     return ExportResult(files=files, mode=mode, metrics=metrics, module=module)
 
 
+@dataclass(frozen=True)
+class ModelFiles:
+    """What ``write_model_files`` wrote (path, description) and what the models take."""
+
+    files: list[tuple[Path, str]]
+    input: dict[str, Any]
+
+
 def write_model_files(
-    module: nn.Module, shape: tuple[int, ...], out: Path, *, onnx: bool = True
-) -> list[tuple[Path, str]]:
-    """``model.pt2`` (``torch.export``) and, where torch can export it, ``model.onnx``."""
+    module: nn.Module,
+    shape: tuple[int, ...],
+    out: Path,
+    *,
+    onnx: bool = True,
+    preprocessing: Mapping[str, Any] | None = None,
+    input_form: str = "standardised",
+) -> ModelFiles:
+    """``model.pt2`` (``torch.export``) and ``model.onnx`` (``export_onnx``, as ``hpcnas
+    deploy`` writes it) into ``out``; with ``input_form="raw"`` both start with the standardisation
+    recorded in ``preprocessing``."""
     import torch
 
+    from optuna_hpcnas.deploy._onnx import export_onnx
+    from optuna_hpcnas.deploy._preprocess import model_for_export
+
+    if input_form not in INPUTS:
+        raise ExportError(f"`input_form` is {input_form!r}, but must be one of {list(INPUTS)}.")
+    try:
+        module, info = model_for_export(
+            module, preprocessing, tuple(shape), standardise=input_form == "raw"
+        )
+    except ValueError as e:  # a task whose recorded standardisation cannot be applied
+        raise ExportError(f"--input raw: {e}") from None
     written: list[tuple[Path, str]] = []
     # Batch 2 in the example: a batch of 1 would be specialised into the program.
     example = (torch.randn(2, *shape),)
-    program = torch.export.export(module, example, dynamic_shapes=({0: torch.export.Dim.AUTO},))
+    with warnings.catch_warnings():
+        # nn.GRU keeps its weights in a list torch.export reads as attributes: harmless.
+        warnings.filterwarnings(
+            "ignore", message=".*were assigned during export", category=UserWarning
+        )
+        program = torch.export.export(
+            module, example, dynamic_shapes=({0: torch.export.Dim.AUTO},)
+        )
     path = out / "model.pt2"
     torch.export.save(program, str(path))
     written.append((path, f"torch.export program, input (N, {', '.join(map(str, shape))})"))
     if not onnx:
-        return written
+        return ModelFiles(written, info)
     path = out / "model.onnx"
     try:
-        with warnings.catch_warnings():
-            # The tracer warns about Python branches on static shapes: constants here.
-            warnings.simplefilter("ignore", torch.jit.TracerWarning)
-            warnings.simplefilter("ignore", DeprecationWarning)  # torch's own exporter
-            torch.onnx.export(
-                module,
-                example,
-                str(path),
-                input_names=["input"],
-                output_names=["logits"],
-                dynamic_axes={"input": {0: "batch"}, "logits": {0: "batch"}},
-                dynamo=False,
-            )
-    except Exception as e:  # ONNX export depends on the operators and installed extras
+        export_onnx(module, path, tuple(shape))
+    except ImportError as e:
+        _logger.warning("No ONNX file: %s", e)
+    except Exception as e:  # torch raises many exporter error types
         _logger.warning("No ONNX file: torch could not export this module (%s).", e)
         path.unlink(missing_ok=True)
     else:
-        written.append((path, "ONNX"))
-    return written
+        written.append((path, "ONNX (opset 18, dynamic batch)"))
+    return ModelFiles(written, info)
 
 
 def _load_weights(study: optuna.Study, net: Any, weights: str | Path | None) -> bool:

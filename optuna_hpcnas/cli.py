@@ -427,6 +427,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
             mode=mode,
             weights=args.weights,
             onnx=not args.no_onnx,
+            input_form=args.input,
         )
     except ExportError as e:
         raise CLIError(str(e)) from None
@@ -468,6 +469,7 @@ def _cmd_deploy(args: argparse.Namespace) -> int:
             study, trial, arch, data, out=args.out, recipe=recipe, mode=mode,
             weights=args.weights, holdout_fraction=args.holdout_fraction,
             margin=args.margin, target=args.target, name=args.name,
+            standardise=args.input == "raw",
         )  # fmt: skip
     except DeploymentRefused as e:
         raise CLIError(f"deployment refused: {e}") from None
@@ -857,6 +859,13 @@ def _add_export_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="hpcnas-export", help="output directory")
     p.add_argument("--no-onnx", action="store_true", help="skip the ONNX file")
     p.add_argument(
+        "--input",
+        choices=["standardised", "raw"],
+        default="standardised",
+        help="what the files take: the model's standardised inputs (default), or raw data "
+        "with the recorded standardisation as the graph's first step",
+    )
+    p.add_argument(
         "--epochs", type=int, help="training epochs (default: [export] epochs, else 30)"
     )
     how = p.add_mutually_exclusive_group()
@@ -935,6 +944,13 @@ def _add_deploy_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--name", default="model", help="model name in the KServe routes")
     p.add_argument(
+        "--input",
+        choices=["raw", "standardised"],
+        default="raw",
+        help="what the models take: raw data, standardised by the graph itself (default), or "
+        "inputs the client standardised upstream",
+    )
+    p.add_argument(
         "--epochs", type=int, help="training epochs (default: [export] epochs, else 30)"
     )
     p.add_argument(
@@ -987,9 +1003,10 @@ _SUBCOMMANDS: dict[str, tuple[str, str, Any]] = {
         _add_deploy_args,
     ),
     "serve": (
-        "serve a deployed model over HTTP (KServe v1)",
+        "serve a deployed model over HTTP (KServe v1 and v2)",
         "serve the INT8 (or FP32) model of an `hpcnas deploy` directory with the KServe v1 "
-        "protocol (127.0.0.1 by default); the container's entry point",
+        "protocol and the Open Inference Protocol (v2), with Prometheus metrics on /metrics "
+        "(127.0.0.1 by default); the container's entry point",
         _add_serve_args,
     ),
     "storage-proxy": (

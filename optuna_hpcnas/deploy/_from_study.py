@@ -105,9 +105,11 @@ def deploy_trial(
     target: str | None = None,
     name: str = "model",
     latency_repeats: int = 200,
+    standardise: bool = True,
 ) -> DeployReport:
     """Train ``arch`` (``hpcnas export``'s recipe), verify it on the held-out split against the
-    search's estimate, and write the deployment into ``out`` (``deploy_model``)."""
+    search's estimate, and write the deployment into ``out`` (``deploy_model``; with
+    ``standardise`` the models take raw data)."""
     from optuna_hpcnas._export import trained_module
     from optuna_hpcnas.deploy._pipeline import deploy_model
     from optuna_hpcnas.search_space import HierarchicalSearchSpace
@@ -140,4 +142,5 @@ def deploy_trial(
         },
         seed=recipe.seed,
         latency_repeats=latency_repeats,
+        standardise=standardise,
     )

@@ -46,13 +46,15 @@ def export_onnx(
 ) -> dict[str, Any]:
     """Write ``model`` as one self-contained FP32 ONNX file with a dynamic batch axis.
 
-    Unlike ``hpcnas export`` this uses torch's ``torch.export``-based exporter
-    (``dynamo=True``, needs onnxscript): the subnets slice their weights by the input width at
-    run time, which the TorchScript exporter keeps as ``Slice`` nodes on the weights, so
-    onnxruntime's quantizer cannot quantize them (the INT8 file came out larger than the FP32
-    one). ``torch.export`` specialises the static sizes, so every weight is an initializer and
-    BatchNorm folds into the convolutions. Per-node metadata (source locations) is dropped: it
-    was half of a small model's bytes.
+    The one ONNX exporter of the project (``hpcnas export`` and ``hpcnas deploy``). It uses
+    torch's ``torch.export``-based exporter (``dynamo=True``, needs onnxscript): the subnets
+    slice their weights by the input width at run time, which the TorchScript exporter keeps
+    as ``Slice`` nodes on the weights, so onnxruntime's quantizer cannot quantize them (the
+    INT8 file came out larger than the FP32 one), and it failed outright on sequence models
+    and 1xL images (adaptive pooling, shape arithmetic). ``torch.export`` specialises the
+    static sizes, so every weight is an initializer and BatchNorm folds into the
+    convolutions; ``nn.GRU`` becomes ONNX's ``GRU`` operator. Per-node metadata (source
+    locations) is dropped: it was half of a small model's bytes.
 
     Returns:
         The export's facts: opset, input and output names.

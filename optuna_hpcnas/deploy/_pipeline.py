@@ -1,10 +1,13 @@
 """``deploy_model``: from a trained module to files a cluster can run.
 
-The flow: FP32 ONNX export checked against torch -> target check -> verification on a
-held-out split (refused below the search's estimate) -> INT8 static quantization -> accuracy
-and speed of both with onnxruntime -> Dockerfile and Helm chart -> ``report.json`` (written
-last: a directory with a report is a complete deployment). ``hpcnas deploy`` trains the
-chosen architecture and calls this; ``hpcnas serve`` serves the result.
+The flow: the task's standardisation put in front of the model (clients send raw data) ->
+FP32 ONNX export checked against torch -> target check -> verification on a held-out split
+(refused below the search's estimate) -> INT8 static quantization -> accuracy and speed of
+both with onnxruntime -> serving figures -> Dockerfile and Helm chart -> ``report.json``.
+Everything is staged and moved into the output directory at the end, the report last (a
+directory with a report is a complete deployment; a refused one leaves the directory as it
+was). ``hpcnas deploy`` trains the chosen architecture and calls this; ``hpcnas serve``
+serves the result.
 """
 
 from __future__ import annotations
@@ -15,7 +18,6 @@ from dataclasses import dataclass
 import json
 import logging
 import math
-import os
 from pathlib import Path
 import re
 import time
@@ -27,6 +29,12 @@ import numpy as np
 from optuna_hpcnas.deploy import _onnx
 from optuna_hpcnas.deploy._container import dockerfile
 from optuna_hpcnas.deploy._container import helm_chart
+from optuna_hpcnas.deploy._container import probe_timeout_seconds
+from optuna_hpcnas.deploy._outdir import staged
+from optuna_hpcnas.deploy._outdir import Staging
+from optuna_hpcnas.deploy._preprocess import model_for_export
+from optuna_hpcnas.deploy._preprocess import raw_inputs
+from optuna_hpcnas.deploy._preprocess import standardisation
 from optuna_hpcnas.deploy._targets import check_target
 from optuna_hpcnas.deploy._targets import tensorrt_available
 from optuna_hpcnas.search_space import target_profile
@@ -72,12 +80,15 @@ class DeployReport:
     ``throughput`` is samples per second at ``throughput_batch``; latencies are batch 1;
     ``threads`` is the intra-op thread count of every onnxruntime session measured;
     ``max_abs_diff`` is the largest logit difference from the torch module on random inputs;
-    ``timings`` are the seconds of each step.
+    ``timings`` are the seconds of each step. ``input`` says what the models take (raw data
+    when ``standardised_in_model``); ``serving`` holds the server's limits, the measured
+    seconds that bound a readiness probe under load, and the chart's probe timeout.
     """
 
     name: str
     target: str
     input_shape: tuple[int, ...]
+    input: dict[str, Any]
     preprocessing: dict[str, Any]
     metadata: dict[str, Any]
     estimate: float | None
@@ -92,6 +103,7 @@ class DeployReport:
     threads: int
     throughput_batch: int
     latency_repeats: int
+    serving: dict[str, Any]
     versions: dict[str, str]
     seconds: float
     timings: dict[str, float]
@@ -112,7 +124,8 @@ class DeployReport:
             ("max |diff| to torch", "{:.2e}", "max_abs_diff"),
         ]
         lines = [
-            f"{self.name}: target {self.target}, input {list(self.input_shape)}, "
+            f"{self.name}: target {self.target}, input {list(self.input_shape)} "
+            f"({self.input.get('expects', 'as the model takes it')}), "
             f"{self.holdout_size} holdout samples, onnxruntime {self.threads} thread(s)",
             f"{'':28s} {'FP32':>12s} {'INT8':>12s} {'INT8/FP32':>10s}",
         ]
@@ -201,7 +214,8 @@ def _figures(
 def _export_checked(
     model: torch.nn.Module, out: Path, shape: tuple[int, ...], target: str
 ) -> dict[str, Any]:
-    """Export FP32, refuse a graph that differs from torch or does not fit the target."""
+    """Export FP32 into ``out``, refuse a graph that differs from torch or does not fit the
+    target."""
     path = out / FP32_FILE
     try:
         facts = _onnx.export_onnx(model, path, shape)
@@ -223,19 +237,51 @@ def _export_checked(
     return facts
 
 
-def _write_container(out: Path, *, name: str, image: str | None, ort_version: str) -> list[str]:
+def _write_container(
+    out: Path, *, name: str, image: str | None, ort_version: str, probe_timeout: int
+) -> list[str]:
+    """``Dockerfile`` and ``chart/`` into ``out``; the files written."""
     chart_name = re.sub(r"[^a-z0-9-]+", "-", name.lower()).strip("-")[:50] or "model"
-    written = ["Dockerfile"]
     (out / "Dockerfile").write_text(
         dockerfile(model_dir_name=chart_name, name=name, onnxruntime_version=ort_version)
     )
-    files = helm_chart(name=chart_name, image=image or f"{chart_name}:latest", model_name=name)
+    files = helm_chart(
+        name=chart_name,
+        image=image or f"{chart_name}:latest",
+        model_name=name,
+        probe_timeout_s=probe_timeout,
+    )
     for rel, text in files.items():
         path = out / "chart" / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
-        written.append(f"chart/{rel}")
-    return written
+    return ["Dockerfile", *(f"chart/{rel}" for rel in files)]
+
+
+def _serving_figures(
+    sess_path: Path, shape: tuple[int, ...], figures: ModelFigures, *, threads: int
+) -> dict[str, Any]:
+    """The server's default limits and what bounds a readiness probe's wait under load.
+
+    Probes are answered on the event loop, never behind inference; what can still hold them
+    up is the interpreter lock while a worker parses a request body of the maximal size, and
+    one model call of ``max_batch`` instances. Both are measured here.
+    """
+    from optuna_hpcnas.deploy._protocol import parse_seconds
+    from optuna_hpcnas.deploy._serve import DEFAULT_LIMITS
+
+    limits = DEFAULT_LIMITS
+    parse_s = parse_seconds(shape, limits.max_body_bytes)
+    call_s = limits.max_batch / figures.throughput if figures.throughput > 0 else 0.0
+    return {
+        "max_body_bytes": limits.max_body_bytes,
+        "max_instances": limits.max_instances,
+        "max_batch": limits.max_batch,
+        "parse_max_body_ms": round(parse_s * 1e3, 3),
+        "model_call_ms": round(call_s * 1e3, 3),
+        "probe_timeout_s": probe_timeout_seconds(parse_s + call_s),
+        "measured_with": f"{sess_path.name}, {threads} onnxruntime thread(s)",
+    }
 
 
 def _versions() -> dict[str, str]:
@@ -261,8 +307,9 @@ def _quantize_and_measure(
     repeats: int,
     margin: float,
     lap: Any,
-) -> tuple[dict[str, Any], dict[str, ModelFigures]]:
-    """INT8 quantization of the FP32 file, then the figures of both models."""
+) -> tuple[dict[str, Any], dict[str, ModelFigures], dict[str, Any]]:
+    """INT8 quantization of the FP32 file, then the figures of both models and the serving
+    figures of the INT8 one."""
     quantization = _onnx.quantize_int8(out / FP32_FILE, out / INT8_FILE, inputs)
     lap("quantize")
     figures = {}
@@ -270,7 +317,9 @@ def _quantize_and_measure(
         figures[key] = _figures(out / file, model, shape, held, threads=threads, repeats=repeats)
         lap(f"measure_{key}")
     _warn_int8_accuracy(figures["fp32"].accuracy, figures["int8"].accuracy, margin)
-    return quantization, figures
+    serving = _serving_figures(out / INT8_FILE, shape, figures["int8"], threads=threads)
+    lap("serving_figures")
+    return quantization, figures, serving
 
 
 class _Stopwatch:
@@ -306,11 +355,15 @@ def deploy_model(
     latency_repeats: int = 200,
     threads: int = 1,
     image: str | None = None,
+    standardise: bool = True,
 ) -> DeployReport:
     """Verify, quantize, measure and package a trained model into ``out``.
 
     Writes ``model.onnx`` (FP32), ``model.int8.onnx`` (onnxruntime static QDQ INT8,
-    calibrated on ``calibration``), ``Dockerfile``, ``chart/`` and ``report.json``.
+    calibrated on ``calibration``), ``Dockerfile``, ``chart/`` and ``report.json``. Both
+    models start with the standardisation recorded in ``preprocessing``, so they take raw
+    data. Everything is staged and moved into ``out`` at the end: a refused or failed
+    deployment leaves ``out`` as it was, and links already in it are replaced, not followed.
 
     Args:
         model: The trained module (put in eval mode here).
@@ -320,7 +373,8 @@ def deploy_model(
         holdout: ``(x, y)`` samples the search never saw, for verification.
         estimate: The search's accuracy estimate of this model, or ``None`` to skip the bar.
         margin: How far below ``estimate`` the verified FP32 accuracy may fall.
-        preprocessing: How raw inputs become model inputs (recorded, e.g. mean and std).
+        preprocessing: ``TaskData.preprocessing`` (``mean``, ``std``): how the raw data
+            became the samples of ``calibration`` and ``holdout``.
         target: Deployment target (``optuna_hpcnas.search_space.target_names()``).
         name: Model name in the KServe routes.
         metadata: Anything else to record (study, trial, architecture).
@@ -328,6 +382,8 @@ def deploy_model(
         latency_repeats: Timed batch-1 runs per model.
         threads: onnxruntime intra-op threads of the measured sessions.
         image: Image reference for the Helm chart (default ``<name>:latest``).
+        standardise: Start both models with that standardisation, so that they take raw
+            data (``False``: the model alone, for clients that standardise upstream).
 
     Raises:
         DeploymentRefused: The FP32 accuracy is more than ``margin`` below ``estimate``, the
@@ -340,35 +396,99 @@ def deploy_model(
     """
     watch = _Stopwatch()
     shape = _check_arguments(input_shape, estimate, margin, target, name, latency_repeats, threads)
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / REPORT_FILE).unlink(missing_ok=True)  # a stale report would vouch for new files
+    stats = standardisation(preprocessing, shape) if standardise else None
     model.eval()
-    export = _export_checked(model, out, shape, target)
+    exported, input_info = model_for_export(model, preprocessing, shape, standardise=standardise)
+    with staged(out) as stage:
+        report = _deploy_staged(
+            stage, exported, shape, watch, input_info=input_info, stats=stats,
+            calibration=calibration, holdout=holdout, estimate=estimate, margin=margin,
+            preprocessing=preprocessing, target=target, name=name, metadata=metadata,
+            seed=seed, latency_repeats=latency_repeats, threads=threads, image=image,
+        )  # fmt: skip
+        _commit(stage, report)
+    return report
+
+
+def _deploy_staged(
+    stage: Staging,
+    exported: torch.nn.Module,
+    shape: tuple[int, ...],
+    watch: _Stopwatch,
+    *,
+    input_info: dict[str, Any],
+    stats: tuple[np.ndarray, np.ndarray] | None,
+    calibration: Dataset,
+    holdout: Dataset,
+    estimate: float | None,
+    margin: float,
+    preprocessing: Mapping[str, Any] | None,
+    target: str,
+    name: str,
+    metadata: Mapping[str, Any] | None,
+    seed: int,
+    latency_repeats: int,
+    threads: int,
+    image: str | None,
+) -> DeployReport:
+    """``deploy_model``'s steps, every file written into the staging directory."""
+    export = _export_checked(exported, stage.path, shape, target)
     watch.lap("export_and_target_check")
-    held = _onnx.dataset_arrays(holdout)
-    fp32_accuracy = _onnx.accuracy(_onnx.session(out / FP32_FILE), *held)
-    _verify(fp32_accuracy, estimate, margin, len(held[1]))
+    held, inputs = _verified_inputs(
+        stage.path / FP32_FILE, holdout, calibration, shape, seed=seed, stats=stats,
+        estimate=estimate, margin=margin,
+    )  # fmt: skip
     watch.lap("verify")
-    quantization, figures = _quantize_and_measure(
-        model, out, shape, held, _calibration_inputs(calibration, shape, seed),
+    quantization, figures, serving = _quantize_and_measure(
+        exported, stage.path, shape, held, inputs,
         threads=threads, repeats=latency_repeats, margin=margin, lap=watch.lap,
     )  # fmt: skip
     versions = _versions()
-    files = [FP32_FILE, INT8_FILE]
-    files += _write_container(out, name=name, image=image, ort_version=versions["onnxruntime"])
-    report = DeployReport(
-        name=name, target=target, input_shape=shape,
+    files = _write_container(
+        stage.path, name=name, image=image, ort_version=versions["onnxruntime"],
+        probe_timeout=serving["probe_timeout_s"],
+    )  # fmt: skip
+    return DeployReport(
+        name=name, target=target, input_shape=shape, input=input_info,
         preprocessing=dict(preprocessing or {}), metadata=dict(metadata or {}),
         estimate=None if estimate is None else float(estimate), margin=float(margin),
         holdout_size=len(held[1]), fp32=figures["fp32"], int8=figures["int8"],
         quantization=quantization, export=export, target_problems=(),
         tensorrt=_tensorrt_status(), threads=threads, throughput_batch=THROUGHPUT_BATCH,
-        latency_repeats=latency_repeats, versions=versions, seconds=watch.total(),
-        timings=watch.timings, files=(*files, REPORT_FILE),
+        latency_repeats=latency_repeats, serving=serving, versions=versions,
+        seconds=watch.total(), timings=watch.timings,
+        files=(FP32_FILE, INT8_FILE, *files, REPORT_FILE),
     )  # fmt: skip
-    _write_report(out, report)
-    return report
+
+
+def _verified_inputs(
+    fp32: Path,
+    holdout: Dataset,
+    calibration: Dataset,
+    shape: tuple[int, ...],
+    *,
+    seed: int,
+    stats: tuple[np.ndarray, np.ndarray] | None,
+    estimate: float | None,
+    margin: float,
+) -> tuple[tuple[np.ndarray, np.ndarray], np.ndarray]:
+    """``(holdout inputs and labels, calibration inputs)`` as the model takes them, once the
+    FP32 model met the bar on the holdout."""
+    held = _onnx.dataset_arrays(holdout)
+    inputs = _calibration_inputs(calibration, shape, seed)
+    if stats is not None:  # the datasets hold standardised samples; the model takes raw
+        held = (raw_inputs(held[0], *stats), held[1])
+        inputs = raw_inputs(inputs, *stats)
+    _verify(_onnx.accuracy(_onnx.session(fp32), *held), estimate, margin, len(held[1]))
+    return held, inputs
+
+
+def _commit(stage: Staging, report: DeployReport) -> None:
+    """``report.json`` staged, then everything moved in: the old report goes first and the
+    new one comes last, so a report only ever describes the files beside it."""
+    (stage.path / REPORT_FILE).write_text(json.dumps(report.to_dict(), indent=2) + "\n")
+    stage.remove(REPORT_FILE)
+    stage.commit([FP32_FILE, INT8_FILE, "Dockerfile", "chart", REPORT_FILE])
 
 
 def _warn_int8_accuracy(fp32: float, int8: float, margin: float) -> None:
@@ -380,13 +500,6 @@ def _warn_int8_accuracy(fp32: float, int8: float, margin: float) -> None:
             margin,
             fp32,
         )
-
-
-def _write_report(out: Path, report: DeployReport) -> None:
-    """``report.json`` through a temporary name: a report only ever describes whole files."""
-    tmp = out / (REPORT_FILE + ".tmp")
-    tmp.write_text(json.dumps(report.to_dict(), indent=2) + "\n")
-    os.replace(tmp, out / REPORT_FILE)
 
 
 def _tensorrt_status() -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -47,6 +48,14 @@ def train_digits(arch: Any, *, epochs: int = 6) -> tuple[Any, Any]:
     return net.eval(), data
 
 
+def raw_digits(x: Any, preprocessing: Any) -> np.ndarray:
+    """Standardised digits back to the raw pixels scikit-learn ships (integers 0-16)."""
+    raw = np.asarray(x) * preprocessing["std"] + preprocessing["mean"]
+    pixels = np.round(raw)
+    assert np.abs(raw - pixels).max() < 1e-3 and pixels.min() >= 0 and pixels.max() <= 16
+    return pixels.astype(np.float32)
+
+
 @pytest.fixture(scope="session")
 def trained() -> tuple[Any, Any]:
     return train_digits(digits_architecture())
@@ -69,7 +78,7 @@ def deployed(trained: tuple[Any, Any], tmp_path_factory: pytest.TempPathFactory)
         holdout=data.test,
         estimate=estimate,
         margin=0.05,
-        preprocessing={"standardise": "train mean and std", "layout": "NCHW"},
+        preprocessing={**data.preprocessing, "layout": "NCHW"},
         name="digits",
         metadata={"trial": 7},
         latency_repeats=20,

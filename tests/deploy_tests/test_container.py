@@ -12,6 +12,7 @@ import pytest
 
 from optuna_hpcnas.deploy import dockerfile
 from optuna_hpcnas.deploy import helm_chart
+from optuna_hpcnas.deploy import probe_timeout_seconds
 
 yaml = pytest.importorskip("yaml")
 
@@ -58,6 +59,7 @@ def test_dockerfile_structure() -> None:
         by_op.setdefault(op, []).append(rest)
     (install,) = [r for r in by_op["RUN"] if "pip install" in r]
     assert '"onnxruntime==1.32.0"' in install and '"optuna-hpcnas"' in install
+    assert '"prometheus-client>=0.17"' in install  # the server's /metrics
     assert "torch" not in install
     assert any("useradd" in r and "10001" in r for r in by_op["RUN"])
     assert by_op["USER"] == ["10001"]
@@ -66,7 +68,7 @@ def test_dockerfile_structure() -> None:
     assert by_op["EXPOSE"] == ["8080"]
     (health,) = by_op["HEALTHCHECK"]
     probe = json.loads(health.split("CMD", 1)[1])
-    assert probe[:2] == ["python", "-c"] and "127.0.0.1:8080/v1/models/digits" in probe[2]
+    assert probe[:2] == ["python", "-c"] and "127.0.0.1:8080/v2/models/digits/ready" in probe[2]
     compile(probe[2], "healthcheck", "exec")  # the probe is valid Python
     entry = json.loads(by_op["ENTRYPOINT"][0])
     assert entry == [
@@ -118,6 +120,7 @@ def test_helm_chart_structure() -> None:
         cpu="500m",
         memory="512Mi",
         model_name="digits",
+        probe_timeout_s=4,
     )
     assert set(files) == {
         "Chart.yaml",
@@ -142,8 +145,12 @@ def test_helm_chart_structure() -> None:
     (container,) = pod["containers"]
     assert container["image"] == "registry.local:5000/team/digits:1.2"
     assert container["ports"] == [{"name": "http", "containerPort": 9000, "protocol": "TCP"}]
-    for probe in ("readinessProbe", "livenessProbe"):
-        assert container[probe]["httpGet"] == {"path": "/v1/models/digits", "port": "http"}
+    ready, live = container["readinessProbe"], container["livenessProbe"]
+    assert ready["httpGet"] == {"path": "/v2/models/digits/ready", "port": "http"}
+    assert live["httpGet"] == {"path": "/v2/health/live", "port": "http"}
+    # Not Kubernetes' 1 s default: the timeout comes from measured latencies (deploy_model).
+    assert ready["timeoutSeconds"] == live["timeoutSeconds"] == 4
+    assert ready["failureThreshold"] == 3 and ready["periodSeconds"] == 5
     resources = {"cpu": "500m", "memory": "512Mi"}
     assert container["resources"] == {"requests": resources, "limits": resources}
     assert container["securityContext"]["allowPrivilegeEscalation"] is False
@@ -172,6 +179,8 @@ def test_helm_chart_image_without_tag() -> None:
         ({"cpu": "lots"}, "`cpu` is 'lots'"),
         ({"memory": "1 GB"}, "`memory` is '1 GB'"),
         ({"port": 70000}, "`port` is 70000"),
+        ({"probe_timeout_s": 0}, "`probe_timeout_s` is 0"),
+        ({"probe_timeout_s": True}, "`probe_timeout_s` is True"),
     ],
 )
 def test_helm_chart_bad_arguments(kwargs: dict, message: str) -> None:
@@ -179,6 +188,16 @@ def test_helm_chart_bad_arguments(kwargs: dict, message: str) -> None:
     args.update(kwargs)
     with pytest.raises(ValueError, match=re.escape(message)):
         helm_chart(**args)
+
+
+def test_probe_timeout_from_a_measured_wait() -> None:
+    # ten times the measured wait, rounded up, never below 2 s
+    assert probe_timeout_seconds(0.0) == 2
+    assert probe_timeout_seconds(0.31) == 4
+    assert probe_timeout_seconds(1.2) == 12
+    assert probe_timeout_seconds(0.5, factor=3) == 2
+    with pytest.raises(ValueError, match="`worst_wait_s` is nan"):
+        probe_timeout_seconds(float("nan"))
 
 
 def test_helm_lint(tmp_path: Path) -> None:
