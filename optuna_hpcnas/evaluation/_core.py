@@ -341,11 +341,18 @@ class _Prepared:
     train: bool
 
 
+# What torch's allocators say when an allocation fails: CUDA's caching allocator ("CUDA out
+# of memory", also raised as torch.OutOfMemoryError), the CPU allocator ("DefaultCPUAllocator:
+# can't allocate memory: you tried to allocate N bytes"), MPS and XPU ("out of memory").
+_OUT_OF_MEMORY_MESSAGES = ("out of memory", "can't allocate memory", "failed to allocate")
+
+
 def is_out_of_memory(error: BaseException) -> bool:
     """CUDA/CPU out of memory, whichever way torch or Python raised it."""
     if isinstance(error, (MemoryError, torch.OutOfMemoryError)):
         return True
-    return isinstance(error, RuntimeError) and "out of memory" in str(error).lower()
+    message = str(error).lower()
+    return isinstance(error, RuntimeError) and any(m in message for m in _OUT_OF_MEMORY_MESSAGES)
 
 
 def trial_seed(seed: int, number: int) -> int:
@@ -433,7 +440,7 @@ class TrialEvaluator:
                 if not isinstance(prepared, _Prepared):
                     return Outcome("complete")  # a follower: the leader holds the values
                 costs = prepared.metrics
-                return Outcome("complete", self._values(None, costs), metrics=costs)
+                return self._complete(link, self._values(None, costs), costs)
             model = prepared.model if isinstance(prepared, _Prepared) else None
             costs = prepared.metrics if isinstance(prepared, _Prepared) else {}
             return self._fine_tune(arch, link, engine, model, costs, on_step)
@@ -617,8 +624,22 @@ class TrialEvaluator:
         if not link.is_leader:
             return Outcome("complete")
         if plan.report and best is not None:
-            return Outcome("complete", self._values(best[0], best[1]), metrics=best[1])
-        return Outcome("complete", self._values(None, metrics), metrics=metrics)
+            return self._complete(link, self._values(best[0], best[1]), best[1])
+        return self._complete(link, self._values(None, metrics), metrics)
+
+    def _complete(
+        self, link: TrialLink, values: tuple[float, ...], metrics: dict[str, float]
+    ) -> Outcome:
+        """The finished trial, or a failed one when a value is not finite (a study never
+        holds a COMPLETE trial whose value cannot be compared)."""
+        bad = [
+            f"{name}={value!r}"
+            for name, value in zip(self.config.objectives, values)
+            if not math.isfinite(value)
+        ]
+        if bad:
+            return self._failed(link, f"non-finite objective value ({', '.join(bad)})")
+        return Outcome("complete", values, metrics=metrics)
 
     def _epoch(
         self,

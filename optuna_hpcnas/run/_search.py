@@ -98,6 +98,8 @@ def run_search(
     tracker = UtilisationTracker()
     space = config.space.build()
     group = form_groups(comm, group_size(config.distributed, space))
+    # only layouts every group can run: no trial is spent on one that cannot
+    space = space.fitting(min(group.sizes))
     try:
         _run(config, comm, group, space, tracker, metrics)
     finally:

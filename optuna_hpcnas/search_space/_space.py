@@ -532,6 +532,41 @@ class HierarchicalSearchSpace:
         return True
 
     # ------------------------------------------------------------------ feasibility
+    def fitting(self, ranks: int) -> HierarchicalSearchSpace:
+        """This space with only cluster layouts that ``ranks`` ranks can run.
+
+        The data-parallel and pipeline choices are cut to a box whose every layout fits
+        (``data_parallel * pipeline_stages <= ranks``), so no suggested layout is infeasible:
+        choices above ``ranks`` go, then the largest pipeline depth, then the largest
+        data-parallel degree, until the largest layout fits (data parallelism is kept first:
+        on a group this small it is the cheaper way to use the ranks). One rank leaves the
+        layout constant, ``1 x 1``, and not suggested at all.
+
+        Example:
+            >>> space = HierarchicalSearchSpace.preset("signal-1d").fitting(2)
+            >>> space.to_dict()["data_parallel"], space.to_dict()["pipeline_stages"]
+            ([1, 2], [1])
+        """
+        if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 1:
+            raise ValueError(f"`ranks` is {ranks!r}, but must be an integer >= 1.")
+        dp = [d for d in self._data_parallel if d <= ranks]
+        pp = [p for p in self._pipeline_stages if p <= ranks]
+        if not dp or not pp:
+            raise ValueError(
+                f"No cluster layout of this space fits {ranks} rank(s): data_parallel "
+                f"{list(self._data_parallel)}, pipeline_stages {list(self._pipeline_stages)}."
+            )
+        while max(dp) * max(pp) > ranks:
+            if len(pp) > 1:
+                pp.remove(max(pp))
+            else:
+                dp.remove(max(dp))
+        definition = self.to_dict()
+        if (definition["data_parallel"], definition["pipeline_stages"]) == (dp, pp):
+            return self
+        definition.update(data_parallel=dp, pipeline_stages=pp)
+        return HierarchicalSearchSpace.from_dict(definition, registry=self._registry)
+
     def rank_excess(self, arch: Architecture) -> int:
         """``data_parallel * pipeline_stages - max_ranks`` (<= 0 is feasible; 0 if unknown)."""
         if self._max_ranks is None:

@@ -146,17 +146,23 @@ class SharedHead(nn.Module):
 class FlattenHead(nn.Module):
     """A linear classifier on every position of the last state, ``(N, L, C) -> (N, L * C)``
     (the MNIST-1D paper's heads). The shared weight keeps one ``(classes, L, channels)`` block
-    per length a path can end with, sliced to the path's width."""
+    per length a path can end with, sliced to the path's width.
+
+    Written as the mean over positions of a per-position classifier, ``mean_l W_l x_l + b``:
+    the same function and parameters as ``nn.Linear(L * C, classes)`` (its weight is ``W / L``),
+    but an optimizer step moves the logits as much as a pooled head's would, whatever ``L``.
+    As a plain linear layer on 40 x 100 features, one Adam step at the supernet's learning rate
+    moved the logits by tens and the supernet's loss diverged.
+    """
 
     def __init__(self, channels: int, num_classes: int, lengths: Sequence[int]) -> None:
         super().__init__()
         self.channels, self.num_classes = channels, num_classes
         self.weights = nn.ParameterDict()
+        bound = 1.0 / channels**0.5  # each position's classifier starts as nn.Linear(C, .)
         for length in sorted(set(int(n) for n in lengths)):
-            w = torch.empty(num_classes, length * channels)
-            nn.init.kaiming_uniform_(w, a=5**0.5)  # as nn.Linear
-            self.weights[str(length)] = nn.Parameter(w.view(num_classes, length, channels))
-        bound = 1.0 / (min(lengths) * channels) ** 0.5
+            w = torch.empty(num_classes, length, channels).uniform_(-bound, bound)
+            self.weights[str(length)] = nn.Parameter(w)
         self.bias = nn.Parameter(torch.empty(num_classes).uniform_(-bound, bound))
 
     def _weight(self, length: int, c: int) -> torch.Tensor:
@@ -170,7 +176,7 @@ class FlattenHead(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         n, length, c = x.shape
-        return F.linear(x.reshape(n, length * c), self._weight(length, c), self.bias)
+        return F.linear(x.reshape(n, length * c), self._weight(length, c) / length, self.bias)
 
     def export(self, c_in: int, length: int) -> FlattenHead:
         out = FlattenHead(c_in, self.num_classes, [length])

@@ -136,6 +136,45 @@ def test_out_of_memory_fails_only_that_trial_and_frees_it(monkeypatch: pytest.Mo
     assert second.state == optuna.trial.TrialState.COMPLETE
 
 
+def test_a_real_cpu_allocation_failure_fails_only_that_trial(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """torch's CPU allocator raises a RuntimeError ("DefaultCPUAllocator: can't allocate
+    memory"), not torch.OutOfMemoryError: a real failed allocation, not an injected one."""
+    objective = _objective_for(_task(), last_stage="quick")
+    real = _core.train_step
+    calls: list[int] = []
+
+    def allocate_too_much(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 1:
+            torch.empty(2**50, dtype=torch.uint8)  # a petabyte
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(_core, "train_step", allocate_too_much)
+    study = optuna.create_study(direction="maximize")
+    study.optimize(objective, n_trials=2)
+    first, second = study.trials
+    assert first.state == optuna.trial.TrialState.FAIL
+    reason = first.user_attrs[_keys.OBJECTIVE_FAIL_REASON]
+    assert reason.startswith("out of memory") and "allocate" in reason
+    assert second.state == optuna.trial.TrialState.COMPLETE
+
+
+def test_a_non_finite_objective_value_fails_the_trial() -> None:
+    objective = _objective_for(
+        _task(), last_stage="quick", objectives=("accuracy", "latency"), latency="predicted"
+    )
+    objective.core.predictor.predict = lambda arch: float("nan")  # type: ignore[method-assign]
+    study = optuna.create_study(directions=objective.directions)
+    study.optimize(objective, n_trials=1)
+    (trial,) = study.trials
+    assert trial.state == optuna.trial.TrialState.FAIL
+    assert (
+        "non-finite objective value (latency=nan)" in trial.user_attrs[_keys.OBJECTIVE_FAIL_REASON]
+    )
+
+
 def test_data_that_does_not_fit_fails_before_training() -> None:
     with pytest.raises(ValueError, match="'sequence' task"):
         SupernetObjective(SPACE, make_sequence_task(num_samples=60, num_classes=3))

@@ -284,3 +284,26 @@ def test_architecture_json_is_canonical() -> None:
     assert json.loads(arch.to_json())["cells"] == [{"op": "conv3x3", "kernel": 3, "width": 16}]
     with pytest.raises(ValueError, match="Not an architecture"):
         Architecture.from_json('{"cells": []}')
+
+
+def test_fitting_keeps_only_layouts_the_ranks_can_run() -> None:
+    space = HierarchicalSearchSpace.preset("cifar-like")  # dp and pp in (1, 2, 4)
+    for ranks, dp, pp in (
+        (1, [1], [1]),
+        (2, [1, 2], [1]),
+        (4, [1, 2, 4], [1]),
+        (8, [1, 2, 4], [1, 2]),
+    ):
+        fitted = space.fitting(ranks)
+        d = fitted.to_dict()
+        assert (d["data_parallel"], d["pipeline_stages"]) == (dp, pp)
+        assert all(
+            a.cluster.ranks <= ranks
+            for a in (fitted.sample(np.random.default_rng(i)) for i in range(50))
+        )
+    one = space.fitting(1)  # the layout is constant: not suggested at all
+    suggested = {d.name for d in one.decisions if not d.is_constant}
+    assert not suggested & {"cluster.data_parallel", "cluster.pipeline_stages"}
+    assert space.fitting(16) is space
+    with pytest.raises(ValueError, match="ranks"):
+        space.fitting(0)

@@ -99,7 +99,8 @@ def test_the_gru_computes_the_papers_function(supernet: SuperNet) -> None:
     with torch.no_grad():
         for name, value in paper.gru.named_parameters():
             getattr(gru, name).copy_(value)
-        head.weights["40"].copy_(paper.linear.weight.view(10, 40, 12))
+        # the head averages per-position classifiers: its weight is 40 x the linear layer's
+        head.weights["40"].copy_(40 * paper.linear.weight.view(10, 40, 12))
         head.bias.copy_(paper.linear.bias)
     x = torch.randn(16, 40, 1)
     assert torch.allclose(sub(x), paper(x[..., 0]), atol=1e-5)
