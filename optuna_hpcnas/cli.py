@@ -344,7 +344,6 @@ def _run_data(args: argparse.Namespace, study: optuna.Study) -> Any:
 
     from optuna_hpcnas._records import run_data_of
     from optuna_hpcnas.config import DataConfig
-    from optuna_hpcnas.data import DataError
 
     typed_factory = getattr(args, "data_factory", None)
     if getattr(args, "config", None):
@@ -375,10 +374,7 @@ def _run_data(args: argparse.Namespace, study: optuna.Study) -> Any:
             data = replace(data, factory=typed_factory)
         except ValueError as e:
             raise CLIError(f"--data-factory: {e}") from None
-    try:
-        return data.load()
-    except (DataError, FileNotFoundError) as e:
-        raise CLIError(str(e)) from None
+    return _load_data(data)
 
 
 def _export_recipe(args: argparse.Namespace) -> Any:
@@ -715,6 +711,8 @@ def _cmd_run(args: argparse.Namespace, *, resume: bool) -> int:
     config = _run_config(args)
     storage = config.study.resolved_storage()
     name = config.study.name
+    # the data first: a file that cannot be used is one line, before any storage is created
+    data = _load_data(config.data)
     if resume:
         error, waiting = _bcast(_remaining_budget(storage, name) if rank == 0 else None)
         if error:
@@ -764,7 +762,7 @@ def _cmd_run(args: argparse.Namespace, *, resume: bool) -> int:
     from optuna_hpcnas.storages import StorageError
 
     try:
-        run_search(config, metrics=metrics)
+        run_search(config, metrics=metrics, data=data)
     except StorageError as e:  # e.g. checkpoints on a journal without an artifact store
         raise CLIError(str(e)) from None
     finally:
@@ -775,6 +773,16 @@ def _cmd_run(args: argparse.Namespace, *, resume: bool) -> int:
     if rank == 0:
         _finish_message(storage, name, list(config.objective.objectives))
     return 0
+
+
+def _load_data(config: Any) -> Any:
+    """The task of ``[data]`` (every rank loads its own), or one ``CLIError`` line: a
+    ``DataError`` (a ValueError naming the file), ``TaskData.check``'s ValueError (a sample of
+    the wrong shape, a bad label) or an OSError of the files."""
+    try:
+        return config.load()
+    except (ValueError, OSError) as e:
+        raise CLIError(f"[data] {e}") from None
 
 
 def _storage_error(storage: str) -> str | None:

@@ -52,6 +52,7 @@ else:  # Python 3.10: the same parser, from PyPI
 from optuna_hpcnas._validation import check_choice
 from optuna_hpcnas._validation import check_int
 from optuna_hpcnas._validation import check_number
+from optuna_hpcnas._validation import check_seed
 from optuna_hpcnas.checkpoints._config import CheckpointConfig
 from optuna_hpcnas.distributed._config import DistributedConfig
 from optuna_hpcnas.evaluation._config import DIRECTIONS as OBJECTIVE_DIRECTIONS
@@ -63,6 +64,9 @@ DIRECTIONS = ("maximize", "minimize")
 DATASETS = ("digits", "mnist1d", "sequence", "npz", "image_folder", "cifar10")
 DEVICES = ("auto", "cpu", "cuda")
 DEFAULT_STORAGE = "sqlite:///{name}.db"
+# The most trials one run queues: its budget is a row per trial in the storage, written before
+# the search starts (a billion-trial budget would spend minutes queueing and never search).
+MAX_TRIALS = 100_000
 
 
 class ConfigError(ValueError):
@@ -104,7 +108,7 @@ class StudyConfig:
                 raise ValueError("`directions` is empty; give at least one direction.")
             for d in directions:
                 check_choice("directions", d, DIRECTIONS)
-        check_int("n_trials", self.n_trials, 1, allow_none=True)
+        check_int("n_trials", self.n_trials, 1, maximum=MAX_TRIALS, allow_none=True)
         check_number("timeout", self.timeout, allow_none=True)
         if self.n_trials is None and self.timeout is None:
             raise ValueError("Set `n_trials` or `timeout` (or both): the search must end.")
@@ -177,7 +181,7 @@ class SamplerConfig:
 
     def __post_init__(self) -> None:
         check_choice("name", self.name, SAMPLERS)
-        check_int("seed", self.seed, 0, allow_none=True)
+        check_seed("seed", self.seed, allow_none=True)
         _table("kwargs", self.kwargs)
         object.__setattr__(self, "kwargs", dict(self.kwargs))
 
@@ -309,8 +313,8 @@ class DataConfig:
             raise ValueError(
                 f"`validation_fraction` is {self.validation_fraction}, but must be in (0, 0.5)."
             )
-        check_int("seed", self.seed, 0)
-        check_int("generator_seed", self.generator_seed, 0, allow_none=True)
+        check_seed("seed", self.seed)
+        check_seed("generator_seed", self.generator_seed, allow_none=True)
         if self.generator_seed is not None and self.name != "mnist1d":
             raise ValueError(
                 f"`generator_seed` is {self.generator_seed}, but only generated data sets "
@@ -401,7 +405,7 @@ class MetricsConfig:
             raise TypeError(f"`enabled` must be a bool, but got {self.enabled!r}.")
         if not isinstance(self.host, str):
             raise TypeError(f"`host` must be a string, but got {self.host!r}.")
-        check_int("port", self.port, 0, allow_none=True)
+        check_int("port", self.port, 0, maximum=65535, allow_none=True)
         check_number("refresh_seconds", self.refresh_seconds)
 
 

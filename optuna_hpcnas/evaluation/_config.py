@@ -121,9 +121,14 @@ class ObjectiveConfig:
         for name in LIMITS:
             value = getattr(self, name)
             if value is not None and (
-                isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or not math.isfinite(value)
+                or value <= 0
             ):
-                raise ValueError(f"`{name}` is {value!r}, but must be a number > 0 or None.")
+                raise ValueError(
+                    f"`{name}` is {value!r}, but must be a finite number > 0 or None."
+                )
         for name in ("batch_size", "latency_repeats", "population_size"):
             check_int(name, getattr(self, name), 1)
         check_int("population_steps", self.population_steps, 0)

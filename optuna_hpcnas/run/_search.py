@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     import optuna
 
     from optuna_hpcnas.config import RunConfig
+    from optuna_hpcnas.data import TaskData
     from optuna_hpcnas.distributed import DistributedConfig
     from optuna_hpcnas.distributed import EvaluationGroup
     from optuna_hpcnas.evaluation import SupernetObjective
@@ -76,7 +77,11 @@ def build_objective(
 
 
 def run_search(
-    config: RunConfig, *, comm: Any = None, metrics: SearchMetrics | None = None
+    config: RunConfig,
+    *,
+    comm: Any = None,
+    metrics: SearchMetrics | None = None,
+    data: TaskData | None = None,
 ) -> None:
     """Run the search a ``RunConfig`` describes on every rank of ``comm``.
 
@@ -92,7 +97,8 @@ def run_search(
     for ``grace_period`` are failed and re-queued and the interrupted budget is resumed. With
     ``[checkpoints] enabled`` the supernet is checkpointed into the study's database and
     restored at start, and SIGTERM/SIGUSR1 checkpoint at once, re-queue the running trial and
-    exit within ``exit_deadline`` seconds.
+    exit within ``exit_deadline`` seconds. ``data``: the ``[data]`` task if the caller loaded
+    it already (``hpcnas run`` does, before it touches the storage).
     """
     comm = comm if comm is not None else world_comm()
     tracker = UtilisationTracker()
@@ -101,7 +107,7 @@ def run_search(
     # only layouts every group can run: no trial is spent on one that cannot
     space = space.fitting(min(group.sizes))
     try:
-        _run(config, comm, group, space, tracker, metrics)
+        _run(config, comm, group, space, tracker, metrics, data)
     finally:
         group.free()
 
@@ -113,6 +119,7 @@ def _run(
     space: HierarchicalSearchSpace,
     tracker: UtilisationTracker,
     metrics: SearchMetrics | None,
+    data: TaskData | None,
 ) -> None:
     import torch
 
@@ -127,7 +134,8 @@ def _run(
     if device == "cuda":  # one GPU per rank of a node
         torch.cuda.set_device(group.context.local_rank % torch.cuda.device_count())
     with tracker.track("setup"):
-        objective = build_objective(config, space, config.data.load(), device)
+        data = data if data is not None else config.data.load()
+        objective = build_objective(config, space, data, device)
     with tracker.track("storage"):
         study = open_study(config, comm, group)
     checkpoints = _checkpoints(config, comm, group, study, objective)

@@ -107,6 +107,12 @@ def test_run_config_errors_name_key_and_allowed_values(
         (["--set", "study.bogus=1"], "Unknown key `bogus` in [study]; allowed keys: ['name'"),
         (["--set", "nope"], "section.key=value"),
         (["--study-name", "other"], "no such SQLite file"),
+        # accepted before, then wrong: queued for minutes, never stopped, crashed later
+        (["--set", "study.n_trials=1000000000000"], "`n_trials` is 1000000000000, but must be <="),
+        (["--set", "study.timeout=nan"], "`timeout` is nan, but must be a finite number"),
+        (["--set", "objective.max_flops=nan"], "`max_flops` is nan, but must be a finite"),
+        (["--set", "sampler.seed=100000000000000000000"], "but must be <= 2147483647"),
+        (["--set", "metrics.port=70000"], "`port` is 70000, but must be <= 65535"),
     ):
         command = "resume" if "--study-name" in args else "run"
         assert main([command, "--config", str(config), *args]) == 2
