@@ -573,21 +573,28 @@ def _cmd_template(args: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------------------- init
-STARTER = """\
+# One starter per preset: the sections every run config has, with the values measured for it.
+_STARTER_HEAD = """\
 # A neural architecture search, as `hpcnas run --config nas.toml` runs it.
 # Every key is checked: a typo names the key and the allowed values.
-# Docs: README.md (quick start), docs/operations.md (every table and key).
-
+# Docs: README.md (quick start), docs/configuration.md (every table and key).
+"""
+_STARTER_TAIL = """
+[distributed]                  # under mpirun/srun: ranks per evaluation group
+group_size = 1
+"""
+_STARTERS = {
+    "digits-small": """
 [study]
 name = "nas"
 storage = "sqlite:///nas.db"   # or a PostgreSQL/MySQL URL; leave it out to use $OPTUNA_STORAGE
 n_trials = 40                  # and/or timeout = 600 (seconds)
 
 [space]
-preset = "digits-small"        # digits-small | cifar-like | sequence, or file = "space.json"
+preset = "digits-small"        # digits-small | signal-1d | cifar-like | sequence, or file = ...
 
 [data]
-name = "digits"                # digits | sequence | npz | image_folder | cifar10 (see docs)
+name = "digits"                # digits | mnist1d | sequence | npz | image_folder | cifar10
 # factory = "mypackage.data:make_task"   # your own function returning optuna_hpcnas.data.TaskData
 
 [sampler]
@@ -622,10 +629,65 @@ batch_size = 32
 
 [export]                       # `hpcnas export` retrains the best architecture with this
 epochs = 30
+""",
+    # MNIST-1D (or any (L, F) signal in an npz): the values of bench/mnist1d_end_to_end.py
+    "signal-1d": """
+[study]
+name = "signals"
+storage = "sqlite:///nas.db"   # or a PostgreSQL/MySQL URL; leave it out to use $OPTUNA_STORAGE
+n_trials = 400                 # the timeout ends it first on 2 cores
+timeout = 780                  # seconds of search after the warm-up
 
-[distributed]                  # under mpirun/srun: ranks per evaluation group
-group_size = 1
-"""
+[space]
+preset = "signal-1d"           # conv1d / GRU / attention cells; raw, embedded or flat stems
+
+[data]
+name = "mnist1d"               # MNIST-1D, made here by the mnist1d package; or npz with
+# path = "signals.npz"         # x_train of shape (N, L) or (N, L, F)
+
+[sampler]
+name = "evolutionary"          # evolutionary | qubo | tpe | gp | nsga2 | random
+seed = 0
+
+[pruner]
+name = "staged"                # staged (the [stages] below) | median | hyperband | none
+
+[stages]                       # quick -> medium -> full, early stop after `patience` epochs
+stages = [
+    { name = "quick", epochs = 2, lr = 3e-3, promote = 0.34 },
+    { name = "medium", epochs = 4, lr = 3e-3, promote = 0.34 },
+    { name = "full", epochs = 12, lr = 3e-3 },
+]
+patience = 3
+
+[training]                     # the supernet's warm-up before the search (k paths per batch)
+epochs = 2
+paths_per_batch = 4
+sampling = "fair"
+batch_size = 64
+lr = 0.01
+weight_decay = 0.0
+# threads = 1                  # torch threads per process (default: cores / ranks per node)
+
+[objective]                    # what a trial returns and how a candidate is fine-tuned
+objectives = ["accuracy"]      # or several of accuracy, loss, flops, params, latency
+optimizer = "adam"
+batch_size = 64
+
+[export]                       # `hpcnas export` retrains the best architecture with this
+epochs = 40
+lr = 0.01
+batch_size = 64
+""",
+}
+
+
+def starter(preset: str = "digits-small") -> str:
+    """The commented config ``hpcnas init --preset PRESET`` writes."""
+    return _STARTER_HEAD + _STARTERS[preset] + _STARTER_TAIL
+
+
+STARTER = starter()
 
 
 def _cmd_init(args: argparse.Namespace) -> int:
@@ -634,7 +696,7 @@ def _cmd_init(args: argparse.Namespace) -> int:
         raise CLIError(f"{args.out!r} is a directory; give a file name such as nas.toml")
     if out.exists() and not args.force:
         raise CLIError(f"{args.out!r} exists; pass --force to overwrite it")
-    out.write_text(STARTER)
+    out.write_text(starter(args.preset))
     print(f"wrote {out}; run it with: hpcnas run --config {out}")
     return 0
 
@@ -825,6 +887,13 @@ def _add_study_args(p: argparse.ArgumentParser) -> None:
 
 def _add_init_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="nas.toml", help="file to write (default: nas.toml)")
+    p.add_argument(
+        "--preset",
+        default="digits-small",
+        choices=sorted(_STARTERS),
+        help="the search space and data the starter is written for (default: digits-small, "
+        "scikit-learn's digits; signal-1d: MNIST-1D)",
+    )
     p.add_argument("--force", action="store_true", help="overwrite an existing file")
 
 

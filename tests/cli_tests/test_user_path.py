@@ -83,6 +83,18 @@ def test_exports_are_trained_unless_asked(
     assert code == 2 and "is not a supernet state_dict" in err and "Traceback" not in err
 
 
+def test_init_writes_a_starter_for_each_preset(tmp_path: Path) -> None:
+    from optuna_hpcnas.cli import starter
+    from optuna_hpcnas.config import load_config
+
+    target = tmp_path / "signals.toml"
+    assert main(["init", "--preset", "signal-1d", "--out", str(target)]) == 0
+    assert target.read_text() == starter("signal-1d")
+    config = load_config(str(target))
+    assert config.data.name == "mnist1d" and config.space.preset == "signal-1d"
+    assert config.space.build().domain == "sequence"
+
+
 def test_init_writes_a_starter_that_runs(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

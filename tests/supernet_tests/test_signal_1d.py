@@ -10,7 +10,7 @@ from torch import nn
 
 from optuna_hpcnas import HierarchicalSearchSpace
 from optuna_hpcnas.search_space import Architecture
-from optuna_hpcnas.search_space._presets import SIGNAL_1D_PAPER_MODELS
+from optuna_hpcnas.search_space import SIGNAL_1D_PAPER_MODELS
 from optuna_hpcnas.supernet import SuperNet
 
 
