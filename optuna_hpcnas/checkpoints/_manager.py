@@ -20,6 +20,7 @@ import hashlib
 import io
 import json
 import logging
+import math
 import re
 import time
 from typing import Any
@@ -91,7 +92,10 @@ class CheckpointInfo:
         Manifests are JSON in a shared study, so anything may be there (another version, a
         hand edit); a wrong-typed field must fail here and not later while sorting or loading.
         """
-        data = json.loads(text)
+        try:
+            data = json.loads(text)
+        except RecursionError:  # json's decoder recurses once per nesting level
+            raise ValueError("manifest is nested too deeply to be a manifest") from None
         if not isinstance(data, dict):
             raise TypeError(f"manifest is {type(data).__name__}, not a JSON object")
         missing = sorted(set(_MANIFEST_FIELDS) - set(data) - {"metadata"})
@@ -108,9 +112,19 @@ class CheckpointInfo:
                     f"manifest field {name!r} is {value!r}, but must be "
                     + " or ".join("null" if t is type(None) else t.__name__ for t in allowed)
                 )
+            if name in _COUNTS and not 0 <= value <= _MAX_COUNT:  # type: ignore[operator]
+                raise ValueError(
+                    f"manifest field {name!r} is {value}, but must be in [0, {_MAX_COUNT}]"
+                )
+        if not math.isfinite(data["created_at"]):
+            raise ValueError(f"manifest field 'created_at' is {data['created_at']}")
         return cls(**data)
 
 
+# Fields that count something, and their largest value: a step is an optimizer step, so 10**12
+# is beyond any run (a manifest claiming 10**30 steps is damage, not progress).
+_COUNTS = ("step", "depth", "size", "n_records", "n_changed")
+_MAX_COUNT = 10**12
 # The JSON types each manifest field may take (``created_at`` may come back as an int).
 _MANIFEST_FIELDS: dict[str, tuple[type, ...]] = {
     "checkpoint_id": (str,),
@@ -486,17 +500,24 @@ class CheckpointManager:
         manifests = {i.checkpoint_id: i for i in self.list_checkpoints()}
         return self._load(checkpoint_id, manifests)
 
-    def load_latest(self) -> Checkpoint | None:
+    def load_latest(
+        self, accept: Callable[[Checkpoint], object] | None = None
+    ) -> Checkpoint | None:
         """The newest checkpoint that loads and verifies, or ``None`` if there is none.
 
         Broken checkpoints are skipped with an :class:`InvalidCheckpointWarning` naming them.
-        The loaded state becomes the parent of the next incremental save.
+        ``accept(checkpoint)`` (e.g. restoring it into a model) may raise
+        :class:`CheckpointError` for one whose content does not fit: it is skipped the same way
+        and the next older one is tried. The loaded state becomes the parent of the next
+        incremental save.
         """
         infos = self.list_checkpoints()
         manifests = {i.checkpoint_id: i for i in infos}
         for info in reversed(infos):
             try:
                 ckpt = self._load(info.checkpoint_id, manifests)
+                if accept is not None:
+                    accept(ckpt)
             except CheckpointError as e:
                 message = (
                     f"Checkpoint {info.checkpoint_id!r} (step {info.step}) is invalid and was "

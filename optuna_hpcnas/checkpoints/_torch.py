@@ -66,31 +66,64 @@ def restore_training_state(
     generators: Mapping[str, torch.Generator] | None = None,
     strict: bool = True,
 ) -> dict[str, Any]:
-    """Load what :func:`training_state` saved into ``model``/``optimizer``; returns metadata."""
+    """Load what :func:`training_state` saved into ``model``/``optimizer``; returns metadata.
+
+    A checkpoint whose content does not fit (no optimizer state, malformed optimizer metadata,
+    a missing or misshapen tensor) raises :class:`CheckpointError` naming it and leaves
+    ``model`` and ``optimizer`` as they were (``torch``'s ``load_state_dict`` may have copied
+    part of it before it failed).
+    """
+    import copy
+
     import torch
 
+    from optuna_hpcnas.checkpoints._manager import CheckpointError
+
+    name = checkpoint.info.checkpoint_id
     state = checkpoint.state()
-    model.load_state_dict(
-        {k[len(_MODEL) :]: v for k, v in state.items() if k.startswith(_MODEL)}, strict=strict
-    )
     meta = checkpoint.metadata
+    optimizer_state = None
     if optimizer is not None:
-        if "optimizer" not in meta:
-            raise ValueError(
-                f"Checkpoint {checkpoint.info.checkpoint_id!r} holds no optimizer state."
-            )
-        per_param: dict[int, dict[str, Any]] = {}
-        for idx, scalars in meta["optimizer"]["scalars"].items():
-            per_param.setdefault(int(idx), {}).update(scalars)
-        for k, v in state.items():
-            if k.startswith(_OPTIM):
-                idx, key = k[len(_OPTIM) :].split(".", 1)
-                per_param.setdefault(int(idx), {})[key] = v
-        optimizer.load_state_dict(
-            {"state": per_param, "param_groups": meta["optimizer"]["param_groups"]}
+        try:
+            optimizer_state = _optimizer_state(state, meta)
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise CheckpointError(
+                f"checkpoint {name!r} holds no usable optimizer state ({e!r})"
+            ) from None
+    saved_model = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    saved_optimizer = copy.deepcopy(optimizer.state_dict()) if optimizer is not None else None
+    try:
+        model.load_state_dict(
+            {k[len(_MODEL) :]: v for k, v in state.items() if k.startswith(_MODEL)},
+            strict=strict,
         )
+        if optimizer is not None:
+            optimizer.load_state_dict(optimizer_state)  # type: ignore[arg-type]
+        for gen_name, gen in (generators or {}).items():
+            gen.set_state(state[_RNG + gen_name])
+    except (RuntimeError, KeyError, TypeError, ValueError, IndexError) as e:
+        model.load_state_dict(saved_model)
+        if optimizer is not None and saved_optimizer is not None:
+            optimizer.load_state_dict(saved_optimizer)
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise CheckpointError(f"checkpoint {name!r} does not fit this model: {first}") from None
     if _RNG + "torch" in state:
         torch.set_rng_state(state[_RNG + "torch"])
-    for name, gen in (generators or {}).items():
-        gen.set_state(state[_RNG + name])
     return dict(meta)
+
+
+def _optimizer_state(state: Mapping[str, Any], meta: Mapping[str, Any]) -> dict[str, Any]:
+    """The optimizer ``state_dict`` a checkpoint describes (``KeyError``/``TypeError``/
+    ``ValueError`` when the metadata is not what :func:`training_state` writes)."""
+    optimizer_meta = meta["optimizer"]
+    scalars, groups = optimizer_meta["scalars"], optimizer_meta["param_groups"]
+    if not isinstance(scalars, dict) or not isinstance(groups, list):
+        raise TypeError("scalars must be an object and param_groups a list")
+    per_param: dict[int, dict[str, Any]] = {}
+    for idx, values in scalars.items():
+        per_param.setdefault(int(idx), {}).update(values)
+    for k, v in state.items():
+        if k.startswith(_OPTIM):
+            idx, key = k[len(_OPTIM) :].split(".", 1)
+            per_param.setdefault(int(idx), {})[key] = v
+    return {"state": per_param, "param_groups": groups}

@@ -21,6 +21,7 @@ from optuna_hpcnas import _records
 if TYPE_CHECKING:
     import optuna
 
+    from optuna_hpcnas.checkpoints import Checkpoint
     from optuna_hpcnas.checkpoints import CheckpointConfig
     from optuna_hpcnas.supernet import SupernetTrainer
 
@@ -74,14 +75,23 @@ class SupernetCheckpoints:
         """Load the newest valid supernet checkpoint; whether there was one."""
         from optuna_hpcnas.checkpoints import restore_training_state
 
-        latest = self.policy.supernet.load_latest()
+        def apply(checkpoint: Checkpoint) -> None:
+            steps = supernet_steps(checkpoint)  # checked before anything is restored
+            meta = restore_training_state(
+                checkpoint, self.trainer.supernet, self.trainer.optimizer
+            )
+            self.trainer.steps = self.saved_step = steps
+            restored.append(meta)
+
+        restored: list[dict[str, Any]] = []
+        latest = self.policy.supernet.load_latest(accept=apply)
         if latest is None and self.namespace != chain_namespace(0):
-            latest = self._first_chain.load_latest()  # another number of groups than before
+            # another number of groups than before
+            latest = self._first_chain.load_latest(accept=apply)
         if latest is None:
             _logger.info("No supernet checkpoint in the study yet: starting from the warm-up.")
             return False
-        meta = restore_training_state(latest, self.trainer.supernet, self.trainer.optimizer)
-        self.trainer.steps = self.saved_step = int(meta.get("supernet_steps", latest.step))
+        meta = restored[-1]
         _logger.info(
             "Restored the supernet from checkpoint %s (step %d, %d trial(s) finished when saved).",
             latest.info.checkpoint_id,
@@ -141,6 +151,20 @@ class SupernetCheckpoints:
             for i, layer in enumerate(layers)
             for k, v in layer.state_dict().items()
         }
+
+
+def supernet_steps(checkpoint: Checkpoint) -> int:
+    """The supernet's optimizer steps a checkpoint records (its manifest's step if its
+    metadata has none); :class:`CheckpointError` when that is not a count."""
+    from optuna_hpcnas.checkpoints import CheckpointError
+
+    steps = checkpoint.metadata.get("supernet_steps", checkpoint.step)
+    if isinstance(steps, bool) or not isinstance(steps, int) or not 0 <= steps <= 10**12:
+        raise CheckpointError(
+            f"checkpoint {checkpoint.info.checkpoint_id!r} records supernet_steps = "
+            f"{steps!r}, not a step count"
+        )
+    return steps
 
 
 def chain_namespace(group: int) -> str:

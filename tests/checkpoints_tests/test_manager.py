@@ -147,6 +147,10 @@ def test_damaged_newest_falls_back_with_warning_naming_it(sqlite_url: str, how: 
         pytest.param(lambda m: {k: v for k, v in m.items() if k != "sha256"}, id="missing"),
         pytest.param(lambda m: [m], id="not-an-object"),
         pytest.param(lambda m: "{not json", id="invalid-json"),
+        pytest.param(lambda m: "[" * 100_000 + "]" * 100_000, id="nested-too-deeply"),
+        pytest.param(lambda m: {**m, "step": -3}, id="step-negative"),
+        pytest.param(lambda m: {**m, "step": 10**30}, id="step-10**30"),
+        pytest.param(lambda m: {**m, "size": -1}, id="size-negative"),
     ],
 )
 def test_damaged_manifest_is_skipped_with_warning_naming_it(sqlite_url: str, damage) -> None:
@@ -299,3 +303,72 @@ def test_kill_9_during_checkpoint_write_keeps_previous(db_url: str, tmp_path: Pa
         )
     assert ids == [ckpt.info.artifact_id]
     store.dispose()
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        pytest.param(lambda meta: {**meta, "supernet_steps": "abc"}, id="steps-abc"),
+        pytest.param(lambda meta: {**meta, "supernet_steps": -5}, id="steps-negative"),
+        pytest.param(
+            lambda meta: {k: v for k, v in meta.items() if k != "optimizer"}, id="no-optimizer"
+        ),
+        pytest.param(
+            lambda meta: {**meta, "optimizer": {"scalars": 3, "param_groups": []}},
+            id="optimizer-malformed",
+        ),
+    ],
+)
+def test_a_checkpoint_whose_content_does_not_fit_is_skipped_untouched(
+    sqlite_url: str, damage
+) -> None:
+    """What the run's restore does (``run._checkpointing``): the newest checkpoint that can
+    be restored wins; one that cannot is skipped with a warning naming it, and the model and
+    optimizer are left as they were by the failed attempt."""
+    from optuna_hpcnas.run._checkpointing import supernet_steps
+
+    study, store, manager = _setup(sqlite_url, full_every=10)
+    model = torch.nn.Linear(4, 3)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.1)
+    saved = []
+    for step in (10, 20):
+        model(torch.randn(8, 4)).sum().backward()
+        optimizer.step()
+        tensors, meta = training_state(model, optimizer, extra={"supernet_steps": step})
+        saved.append((manager.save(tensors, step=step, metadata=meta), model.weight.clone()))
+    newest = saved[-1][0]
+    key = f"hpcnas:checkpoints:manifest:supernet:{newest.checkpoint_id}"
+    manifest = json.loads(study._storage.get_study_system_attrs(study._study_id)[key])
+    manifest["metadata"] = damage(manifest["metadata"])
+    study._storage.set_study_system_attr(study._study_id, key, json.dumps(manifest))
+
+    fresh_model = torch.nn.Linear(4, 3)
+    before = fresh_model.weight.clone()
+    fresh_optimizer = torch.optim.Adam(fresh_model.parameters(), lr=0.1)
+    attempts = []
+
+    def apply(checkpoint) -> None:
+        attempts.append(checkpoint.info.checkpoint_id)
+        steps = supernet_steps(checkpoint)
+        restore_training_state(checkpoint, fresh_model, fresh_optimizer)
+        assert steps == 10
+
+    fresh = CheckpointManager(study=study, artifact_store=store)
+    with pytest.warns(InvalidCheckpointWarning, match=newest.checkpoint_id):
+        restored = fresh.load_latest(accept=apply)
+    assert attempts == [newest.checkpoint_id, saved[0][0].checkpoint_id]
+    assert restored is not None and restored.step == 10
+    assert torch.equal(fresh_model.weight, saved[0][1])
+    assert not torch.equal(fresh_model.weight, before)
+    assert fresh_optimizer.state_dict()["state"]  # Adam's moments came back too
+
+
+def test_a_tensor_of_another_shape_leaves_the_model_as_it_was(sqlite_url: str) -> None:
+    study, store, manager = _setup(sqlite_url)
+    tensors, meta = training_state(torch.nn.Linear(4, 3))
+    manager.save(tensors, step=1, metadata=meta)
+    other = torch.nn.Linear(4, 5)
+    before = {k: v.clone() for k, v in other.state_dict().items()}
+    with pytest.raises(CheckpointError, match="does not fit this model"):
+        restore_training_state(manager.load_latest(), other)
+    assert all(torch.equal(v, before[k]) for k, v in other.state_dict().items())
