@@ -24,11 +24,11 @@ import argparse
 import json
 from pathlib import Path
 
+from _scheduler_simulation import RoundRobinScheduler
+from _scheduler_simulation import simulate
 import numpy as np
 
 from optuna_hpcnas.distributed import DynamicScheduler
-from optuna_hpcnas.distributed import RoundRobinScheduler
-from optuna_hpcnas.distributed import simulate
 from optuna_hpcnas.distributed import Task
 
 

@@ -8,6 +8,7 @@ themselves are in ``optuna_hpcnas._keys``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from collections.abc import Iterator
 from collections.abc import Mapping
 from collections.abc import Sequence
@@ -193,13 +194,6 @@ def _forget_heartbeat(trial: optuna.Trial) -> None:
         ).delete()
 
 
-def sqlite_path(url: str | None) -> str | None:
-    """The file of a ``sqlite:///`` URL (``None`` for other storages and in-memory SQLite)."""
-    if not url or not url.startswith("sqlite:///") or url.startswith("sqlite:///:memory:"):
-        return None
-    return url[len("sqlite:///") :].split("?", 1)[0]
-
-
 def has_heartbeat(storage: Any) -> bool:
     """Whether ``storage`` (an Optuna storage object, or a URL string) sends heartbeats."""
     from optuna.storages import BaseStorage
@@ -301,6 +295,26 @@ def non_domination_ranks(losses: np.ndarray) -> np.ndarray:
     from optuna.study._multi_objective import _fast_non_domination_rank
 
     return _fast_non_domination_rank(losses)
+
+
+def retry_callback(
+    storage: Any, max_retry: int | None
+) -> tuple[Callable[[optuna.Study, FrozenTrial], None], int | None]:
+    """What queues a failed trial's retry, and how many retries of one trial it allows: the
+    storage's own ``heartbeat_stale_trial_callback`` (an RDB storage with heartbeats), else a
+    ``RetryHeartbeatStaleTrialCallback(max_retry)``."""
+    import warnings
+
+    from optuna.exceptions import ExperimentalWarning
+    from optuna.storages import RetryHeartbeatStaleTrialCallback
+
+    getter = getattr(storage, "get_heartbeat_stale_trial_callback", None)
+    own = getter() if getter is not None else None
+    if own is not None:
+        return own, getattr(own, "_max_retry", max_retry)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ExperimentalWarning)
+        return RetryHeartbeatStaleTrialCallback(max_retry=max_retry), max_retry
 
 
 def trials_with_heartbeat(storage: Any, trial_ids: list[int]) -> set[int]:

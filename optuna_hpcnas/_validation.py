@@ -1,10 +1,12 @@
-"""Argument checks shared by the configuration dataclasses, with Optuna-style messages that
-quote the value: ``TypeError`` for a wrong type, ``ValueError`` for a wrong value."""
+"""Argument checks shared by the configuration dataclasses and the samplers, with Optuna-style
+messages that quote the value: ``TypeError`` for a wrong type, ``ValueError`` for a wrong
+value."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 import math
+import numbers
 from typing import Any
 
 # The largest seed anything here accepts: numpy's legacy RandomState (Optuna's samplers) takes
@@ -20,18 +22,41 @@ def check_int(
     maximum: int | None = None,
     allow_none: bool = False,
 ) -> None:
+    """An ``int`` (NumPy's integers too, never a ``bool``) in ``[minimum, maximum]``."""
     if value is None and allow_none:
         return
-    if isinstance(value, bool) or not isinstance(value, int):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"`{name}` must be an int, but got {value!r}.")
-    if value < minimum:
+    if int(value) < minimum:
         raise ValueError(f"`{name}` is {value}, but must be >= {minimum}.")
-    if maximum is not None and value > maximum:
+    if maximum is not None and int(value) > maximum:
         raise ValueError(f"`{name}` is {value}, but must be <= {maximum}.")
 
 
 def check_seed(name: str, value: Any, *, allow_none: bool = False) -> None:
     check_int(name, value, 0, maximum=MAX_SEED, allow_none=allow_none)
+
+
+def check_heartbeat(interval: Any, grace_period: Any, max_retry: Any) -> None:
+    """Heartbeat settings of an RDB storage (``[checkpoints]``, ``open_storage``): seconds
+    between heartbeats >= 1, a grace period (``None``: twice the interval) longer than the
+    interval, retries per trial >= 0 (``None``: unlimited)."""
+    if isinstance(interval, bool) or not isinstance(interval, int):
+        raise TypeError(f"`heartbeat_interval` is {interval!r}, but must be an int.")
+    if interval < 1:
+        raise ValueError(f"`heartbeat_interval` is {interval}, but must be >= 1.")
+    for name, value in (("grace_period", grace_period), ("max_retry", max_retry)):
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"`{name}` is {value!r}, but must be an int or None.")
+        if value < 0:
+            raise ValueError(f"`{name}` is {value}, but must be >= 0.")
+    if grace_period is not None and grace_period <= interval:
+        raise ValueError(
+            f"`grace_period` is {grace_period}, but must be greater than "
+            f"`heartbeat_interval` ({interval})."
+        )
 
 
 def check_number(

@@ -20,17 +20,20 @@ from typing import TYPE_CHECKING
 
 from optuna_hpcnas import _keys
 from optuna_hpcnas._cli_util import format_duration
-from optuna_hpcnas._cli_util import mask_url
 from optuna_hpcnas._cli_util import MaskingFilter
-from optuna_hpcnas._cli_util import mpi_rank_and_size
-from optuna_hpcnas._cli_util import ProgressReporter
-from optuna_hpcnas._cli_util import warn_if_sqlite_shared
+from optuna_hpcnas._summary import best_trials
+from optuna_hpcnas._summary import describe_trial
+from optuna_hpcnas._summary import metric_names
+from optuna_hpcnas._summary import study_status
+from optuna_hpcnas._summary import trial_architecture
+from optuna_hpcnas.distributed import launched_rank_and_size
+from optuna_hpcnas.storages import mask_url
 
 if TYPE_CHECKING:
     import optuna
     from optuna.trial import FrozenTrial
 
-    from optuna_hpcnas.search_space import Architecture
+    from optuna_hpcnas.config import RunConfig
 
 _logger = logging.getLogger("optuna_hpcnas.cli")
 STORAGE_ENV = "OPTUNA_STORAGE"
@@ -41,17 +44,19 @@ class CLIError(Exception):
 
 
 # ---------------------------------------------------------------------------- study lookup
-def _load_config(path: str, overrides: Any = None) -> Any:
+def _load_config(
+    path: str, overrides: Sequence[str] | None = None, values: dict[str, Any] | None = None
+) -> RunConfig:
     from optuna_hpcnas.config import ConfigError
     from optuna_hpcnas.config import load_config
 
     try:
-        return load_config(path, overrides=overrides or None)
+        return load_config(path, overrides=overrides or None, values=values)
     except ConfigError as e:
         raise CLIError(str(e)) from None
 
 
-def _given_config(args: argparse.Namespace) -> Any:
+def _given_config(args: argparse.Namespace) -> RunConfig | None:
     """The ``--config`` file of a reading command, parsed once (``None`` without one)."""
     if not getattr(args, "config", None):
         return None
@@ -76,25 +81,16 @@ def resolve_storage(args: argparse.Namespace) -> tuple[str, str | None]:
     return str(storage), name
 
 
-def check_storage(url: str, *, must_exist: bool) -> Any:
+def check_storage(url: str, *, must_exist: bool) -> optuna.storages.BaseStorage:
     """Open the storage of ``url`` (every Optuna storage, as optuna-dashboard spells them:
     RDB URLs, a journal file path, ``redis://``, ``grpc://``), or refuse one that cannot be a
     study's: a missing file (when reading), a directory, a file that is not a database or a
-    journal, an unreachable server (``open_storage`` checks all but the first). One line, and
-    no file is created."""
-    from optuna_hpcnas._records import sqlite_path
+    journal, an unreachable server. One line, and no file is created when reading."""
     from optuna_hpcnas.storages import open_storage
-    from optuna_hpcnas.storages import storage_kind
     from optuna_hpcnas.storages import StorageError
 
-    if must_exist:  # reading a study: never create an empty storage
-        path = sqlite_path(url)
-        if path is not None and not Path(path).exists():
-            raise CLIError(f"storage {url}: no such SQLite file {path!r}")
-        if path is None and storage_kind(url) == "journal-file" and not Path(url).exists():
-            raise CLIError(f"storage {url}: no such journal file")
     try:
-        return open_storage(url)
+        return open_storage(url, must_exist=must_exist)
     except StorageError as e:
         raise CLIError(str(e)) from None
 
@@ -122,98 +118,7 @@ def load_study(args: argparse.Namespace) -> optuna.Study:
     return optuna.load_study(study_name=name, storage=storage)
 
 
-def _architecture(study: optuna.Study, trial: FrozenTrial) -> Architecture | None:
-    from optuna_hpcnas._records import architecture_of
-    from optuna_hpcnas.search_space import HierarchicalSearchSpace
-
-    arch = architecture_of(trial.user_attrs)
-    if arch is not None:
-        return arch
-    space = HierarchicalSearchSpace.from_study(study)
-    if space is None:
-        return None
-    try:
-        return space.from_params(trial.params)
-    except ValueError:
-        return None
-
-
-def _describe(study: optuna.Study, trial: FrozenTrial) -> str:
-    from optuna_hpcnas._records import summary_of
-
-    summary = summary_of(trial.user_attrs)
-    if summary is not None:
-        return summary
-    arch = _architecture(study, trial)
-    return arch.describe() if arch is not None else json.dumps(trial.params, sort_keys=True)
-
-
-def _metric_names(study: optuna.Study) -> list[str]:
-    names = study.metric_names
-    if names:
-        return list(names)
-    n = len(study.directions)
-    return ["value"] if n == 1 else [f"values_{i}" for i in range(n)]
-
-
 # ---------------------------------------------------------------------------- status
-def study_status(study: optuna.Study) -> dict[str, Any]:
-    """The facts ``hpcnas status`` prints, as a dict (``--json``)."""
-    from optuna.trial import TrialState
-
-    from optuna_hpcnas._records import compute_shares
-
-    trials = study.get_trials(deepcopy=False)
-    by_state = {s.name: 0 for s in TrialState}
-    for t in trials:
-        by_state[t.state.name] += 1
-    finished = [t for t in trials if t.state.is_finished()]
-    # the runner queues its whole budget as WAITING trials
-    target = len(trials) if by_state["WAITING"] else None
-    starts = [t.datetime_start for t in trials if t.datetime_start is not None]
-    ends = [t.datetime_complete for t in finished if t.datetime_complete is not None]
-    durations = [
-        (t.datetime_complete - t.datetime_start).total_seconds()
-        for t in finished
-        if t.datetime_start is not None and t.datetime_complete is not None
-    ]
-    out: dict[str, Any] = {
-        "study": study.study_name,
-        "directions": [d.name.lower() for d in study.directions],
-        "metric_names": _metric_names(study),
-        "trials": len(trials),
-        "by_state": by_state,
-        "target_trials": target,
-        "progress": (len(finished) / target) if isinstance(target, int) and target else None,
-    }
-    if starts:
-        first = min(starts)
-        last = max(ends) if ends else max(starts)
-        elapsed = (last - first).total_seconds()
-        out["first_start"] = first.isoformat(timespec="seconds")
-        out["last_finish"] = last.isoformat(timespec="seconds") if ends else None
-        out["elapsed_seconds"] = elapsed
-        # Busy time over wall time: how many evaluations ran at once, on average.
-        out["mean_concurrency"] = (sum(durations) / elapsed) if elapsed > 0 else None
-        out["trials_per_minute"] = (len(finished) / elapsed * 60) if elapsed > 0 else None
-        out["mean_evaluation_seconds"] = (sum(durations) / len(durations)) if durations else None
-    shares = compute_shares(study)  # the last run's per-rank share of its loop computing
-    if shares:
-        out["utilisation"] = {str(rank): share for rank, share in shares.items()}
-    completed = [t for t in trials if t.state == TrialState.COMPLETE]
-    if completed:
-        if len(study.directions) == 1:
-            best = study.best_trial
-            out["best"] = {
-                "trial": best.number,
-                "values": best.values,
-                "architecture": _describe(study, best),
-            }
-        else:
-            out["pareto_front_trials"] = len(study.best_trials)
-    return out
-
-
 def _cmd_status(args: argparse.Namespace) -> int:
     study = load_study(args)
     info = study_status(study)
@@ -255,29 +160,12 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------------------- best
-def best_trials(study: optuna.Study, *, top: int) -> list[FrozenTrial]:
-    """Top ``top`` completed trials (single objective) or the Pareto front (several)."""
-    from optuna.study import StudyDirection
-    from optuna.trial import TrialState
-
-    if len(study.directions) > 1:
-        front = list(study.best_trials)
-        return sorted(
-            front,
-            key=lambda t: t.values[0],
-            reverse=study.directions[0] == StudyDirection.MAXIMIZE,
-        )
-    completed = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-    reverse = study.direction == StudyDirection.MAXIMIZE
-    return sorted(completed, key=lambda t: t.values[0], reverse=reverse)[:top]
-
-
 def _cmd_best(args: argparse.Namespace) -> int:
     study = load_study(args)
     trials = best_trials(study, top=args.top)
     if not trials:
         raise CLIError(f"study {study.study_name!r} has no completed trial yet")
-    names = _metric_names(study)
+    names = metric_names(study)
     rows = []
     for t in trials:
         rows.append(
@@ -288,7 +176,7 @@ def _cmd_best(args: argparse.Namespace) -> int:
                 "latency_s": t.user_attrs.get(_keys.OBJECTIVE_LATENCY),
                 "stage": t.user_attrs.get(_keys.OBJECTIVE_STAGE),
                 **dict(zip(names, t.values)),
-                "architecture": _describe(study, t),
+                "architecture": describe_trial(study, t),
             }
         )
     if args.json:
@@ -328,7 +216,7 @@ def _pick_trial(study: optuna.Study, number: int | None) -> FrozenTrial:
         _logger.info(
             "Multi-objective study: the Pareto-front trial best in %s (choose another with "
             "--trial).",
-            _metric_names(study)[0],
+            metric_names(study)[0],
         )
     return ranked[0]
 
@@ -346,8 +234,9 @@ def _run_data(args: argparse.Namespace, study: optuna.Study) -> Any:
     from optuna_hpcnas.config import DataConfig
 
     typed_factory = getattr(args, "data_factory", None)
-    if getattr(args, "config", None):
-        data = _given_config(args).data
+    config = _given_config(args)
+    if config is not None:
+        data = config.data
     else:
         recorded = run_data_of(study)
         if recorded is None:
@@ -397,7 +286,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
     configure_threads(requested=None, ranks_on_node=1)
     study = load_study(args)
     trial = _pick_trial(study, args.trial)
-    arch = _architecture(study, trial)
+    arch = trial_architecture(study, trial)
     if arch is None:
         raise CLIError(
             f"trial {trial.number} has no architecture: neither the user attribute "
@@ -453,7 +342,7 @@ def _cmd_deploy(args: argparse.Namespace) -> int:
         trial = choose_trial(study, number=args.trial, limits=parse_limits(args.limit))
     except ValueError as e:
         raise CLIError(str(e)) from None
-    arch = _architecture(study, trial)
+    arch = trial_architecture(study, trial)
     if arch is None:
         raise CLIError(f"trial {trial.number} has no architecture recorded")
     recipe = _export_recipe(args)
@@ -702,138 +591,39 @@ def _cmd_init(args: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------------------- run / resume
-def _bcast(value: Any) -> Any:
-    """Rank 0's ``value`` on every rank (only rank 0 reads the storage before the run)."""
-    if mpi_rank_and_size()[1] == 1:
-        return value
-    from mpi4py import MPI  # a launcher started several ranks: MPI is there
-
-    return MPI.COMM_WORLD.bcast(value, root=0)
-
-
-def _remaining_budget(storage: str, name: str) -> tuple[str | None, int]:
-    """``(error, number of WAITING and RUNNING trials)`` of the study to resume (a RUNNING
-    trial of a killed run is retried once its heartbeat is stale)."""
-    import optuna
-    from optuna.trial import TrialState
-
-    try:
-        opened = check_storage(storage, must_exist=True)
-        names = [s.study_name for s in optuna.study.get_all_study_summaries(storage=opened)]
-    except CLIError as e:
-        return str(e), 0
-    except Exception as e:
-        return f"cannot open storage {mask_url(storage)}: {type(e).__name__}", 0
-    if name not in names:
-        return (
-            f"no study {name!r} to resume in {mask_url(storage)} (studies there: "
-            f"{names or 'none'}); start it with `hpcnas run`"
-        ), 0
-    study = optuna.load_study(study_name=name, storage=opened)
-    return None, len(
-        study.get_trials(deepcopy=False, states=(TrialState.WAITING, TrialState.RUNNING))
-    )
-
-
-def _running_trials(storage: str, name: str) -> int:
-    """RUNNING trials of an existing SQLite study: a sign that another process writes to it."""
-    if not storage.startswith("sqlite:"):
-        return 0
-    import optuna
-    from optuna.trial import TrialState
-
-    try:
-        study = optuna.load_study(study_name=name, storage=storage)
-    except KeyError:
-        return 0
-    return len(study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
-
-
-def _run_config(args: argparse.Namespace) -> Any:
-    from optuna_hpcnas.config import ConfigError
-    from optuna_hpcnas.config import parse_overrides
-
-    try:
-        overrides = parse_overrides(args.set or [])
-    except ConfigError as e:
-        raise CLIError(str(e)) from None
-    if args.n_trials is not None:
-        overrides["study.n_trials"] = args.n_trials
-    if args.storage:
-        overrides["study.storage"] = args.storage
-    if args.study_name:
-        overrides["study.name"] = args.study_name
-    return _load_config(args.config, overrides)
+def _run_config(args: argparse.Namespace) -> RunConfig:
+    """``--config`` with ``--set`` and the typed flags on top."""
+    flags = {
+        "study.n_trials": args.n_trials,
+        "study.storage": args.storage or None,
+        "study.name": args.study_name or None,
+    }
+    return _load_config(args.config, args.set, {k: v for k, v in flags.items() if v is not None})
 
 
 def _cmd_run(args: argparse.Namespace, *, resume: bool) -> int:
-    from optuna_hpcnas.run import run_search
-
-    rank, size = mpi_rank_and_size()
-    config = _run_config(args)
-    storage = config.study.resolved_storage()
-    name = config.study.name
-    # the data first: a file that cannot be used is one line, before any storage is created
-    data = _load_data(config.data)
-    if resume:
-        error, waiting = _bcast(_remaining_budget(storage, name) if rank == 0 else None)
-        if error:
-            raise CLIError(error)
-        if waiting == 0:
-            if rank == 0:
-                print(f"study {name!r} has no trial left to run; see `hpcnas status`")
-            return 0
-        # Run exactly the trials the stopped job left in the queue.
-        from optuna_hpcnas.config import with_overrides
-
-        config = with_overrides(config, study={"n_trials": waiting})
-    else:
-        error = _bcast(_storage_error(storage) if rank == 0 else None)
-        if error:
-            raise CLIError(error)
-    metrics_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
-    if metrics_dir:
-        Path(metrics_dir).mkdir(parents=True, exist_ok=True)
-    reporter = server = metrics = None
-    if rank == 0:
-        _logger.info(
-            "%s study %r on %s with %d process(es)",
-            "Resuming" if resume else "Running",
-            name,
-            mask_url(storage),
-            size,
-        )
-        warn_if_sqlite_shared(
-            storage, n_processes=size, running_trials=_running_trials(storage, name)
-        )
-        if config.metrics.enabled:
-            from optuna_hpcnas.metrics import SearchMetrics
-            from optuna_hpcnas.metrics import serve_metrics
-
-            metrics = SearchMetrics()
-            server = serve_metrics(metrics, port=config.metrics.port, host=config.metrics.host)
-        if metrics is not None or not args.no_progress:
-            reporter = ProgressReporter(
-                storage,
-                name,
-                n_trials=config.study.n_trials,
-                interval=config.metrics.refresh_seconds,
-                display=not args.no_progress,
-                metrics=metrics,
-            ).start()
-    from optuna_hpcnas.storages import StorageError
+    from optuna_hpcnas.run import launch
+    from optuna_hpcnas.run import LaunchError
 
     try:
-        run_search(config, metrics=metrics, data=data)
-    except StorageError as e:  # e.g. checkpoints on a journal without an artifact store
+        done = launch(_run_config(args), resume=resume, progress=not args.no_progress)
+    except LaunchError as e:
         raise CLIError(str(e)) from None
-    finally:
-        if reporter is not None:
-            reporter.stop()
-        if server is not None:
-            server.close()
-    if rank == 0:
-        _finish_message(storage, name, list(config.objective.objectives))
+    if done.rank != 0:
+        return 0
+    name, storage = done.study_name, done.storage
+    if not done.ran:
+        print(f"study {name!r} has no trial left to run; see `hpcnas status`")
+        return 0
+    info = done.status or {}
+    states = ", ".join(f"{v} {k.lower()}" for k, v in info.get("by_state", {}).items() if v)
+    print(f"study {name!r}: {states}")
+    if "best" in info:
+        b = info["best"]
+        print(f"best: trial {b['trial']} {b['values'][0]:.6g}  {b['architecture']}")
+    flag = "" if os.environ.get(STORAGE_ENV) == storage else f" --storage {mask_url(storage)}"
+    print(f"next: hpcnas best{flag} --study-name {name}")
+    print(f"      hpcnas dashboard{flag}")
     return 0
 
 
@@ -845,37 +635,6 @@ def _load_data(config: Any) -> Any:
         return config.load()
     except (ValueError, OSError) as e:
         raise CLIError(f"[data] {e}") from None
-
-
-def _storage_error(storage: str) -> str | None:
-    try:
-        check_storage(storage, must_exist=False)
-    except CLIError as e:
-        return str(e)
-    return None
-
-
-def _finish_message(storage: str, name: str, metric_names: list[str]) -> None:
-    import optuna
-
-    study = optuna.load_study(study_name=name, storage=check_storage(storage, must_exist=True))
-    try:
-        from optuna_hpcnas.dashboard import prepare_study
-        from optuna_hpcnas.dashboard import save_dashboard_plots
-
-        prepare_study(study, metric_names)
-        save_dashboard_plots(study)
-    except ImportError:
-        pass
-    info = study_status(study)
-    states = ", ".join(f"{v} {k.lower()}" for k, v in info["by_state"].items() if v)
-    print(f"study {name!r}: {states}")
-    if "best" in info:
-        b = info["best"]
-        print(f"best: trial {b['trial']} {b['values'][0]:.6g}  {b['architecture']}")
-    flag = "" if os.environ.get(STORAGE_ENV) == storage else f" --storage {mask_url(storage)}"
-    print(f"next: hpcnas best{flag} --study-name {name}")
-    print(f"      hpcnas dashboard{flag}")
 
 
 # ---------------------------------------------------------------------------- parser
@@ -1157,7 +916,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
-    rank, _ = mpi_rank_and_size()
+    rank, _ = launched_rank_and_size()
     _setup_logging(args.verbose, args.quiet, rank)
     commands = {
         "init": _cmd_init,

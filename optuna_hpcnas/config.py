@@ -549,13 +549,18 @@ def _apply_overrides(data: dict[str, Any], overrides: Mapping[str, Any]) -> dict
 
 
 def config_from_dict(
-    data: Mapping[str, Any], overrides: Mapping[str, Any] | Sequence[str] | None = None
+    data: Mapping[str, Any],
+    overrides: Mapping[str, Any] | Sequence[str] | None = None,
+    *,
+    values: Mapping[str, Any] | None = None,
 ) -> RunConfig:
     """A ``RunConfig`` from parsed TOML (``load_config`` without the file)."""
     data = {k: dict(v) if isinstance(v, Mapping) else v for k, v in data.items()}
     if overrides:
         pairs = overrides if isinstance(overrides, Mapping) else parse_overrides(overrides)
         data = _apply_overrides(data, pairs)
+    if values:
+        data = _apply_overrides(data, values)
     unknown = [k for k in data if k not in SECTIONS]
     if unknown:
         raise ConfigError(f"Unknown section [{unknown[0]}]; allowed sections: {list(SECTIONS)}.")
@@ -577,6 +582,8 @@ def config_from_dict(
 def load_config(
     path: str | os.PathLike[str],
     overrides: Mapping[str, Any] | Sequence[str] | None = None,
+    *,
+    values: Mapping[str, Any] | None = None,
 ) -> RunConfig:
     """Read a TOML run configuration.
 
@@ -584,6 +591,8 @@ def load_config(
         path: The TOML file.
         overrides: ``{"section.key": value}`` or ``["section.key=value", ...]`` (TOML values;
             a bare word is a string) applied on top of the file.
+        values: ``{"section.key": value}`` applied last (typed values, e.g. command-line
+            flags such as ``--n-trials``).
 
     Raises:
         ConfigError: A missing or unreadable file, invalid TOML, an unknown table, key or
@@ -607,7 +616,7 @@ def load_config(
         raise ConfigError(f"Configuration file {str(path)!r} cannot be read: {e}") from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path}: not valid TOML: {e}") from None
-    return config_from_dict(data, overrides)
+    return config_from_dict(data, overrides, values=values)
 
 
 def with_overrides(config: RunConfig, **sections: Mapping[str, Any]) -> RunConfig:

@@ -1,6 +1,8 @@
 """Arrow incremental checkpoints inside Optuna's RDB storage, and resume after faults.
 
-Nothing here imports pyarrow, SQLAlchemy or torch until it is used.
+The blobs go to an Optuna artifact store: on RDB storages ``RDBArtifactStore`` (the storage
+room's, ``optuna_hpcnas.storages``, re-exported here). Nothing here imports pyarrow,
+SQLAlchemy or torch until it is used.
 """
 
 from __future__ import annotations
@@ -18,10 +20,10 @@ from optuna_hpcnas.checkpoints._resume import heartbeat_storage
 from optuna_hpcnas.checkpoints._resume import mark_trial_for_retry
 from optuna_hpcnas.checkpoints._resume import Preempted
 from optuna_hpcnas.checkpoints._resume import PreemptionGuard
-from optuna_hpcnas.checkpoints._store import ArtifactCorruptedError
-from optuna_hpcnas.checkpoints._store import RDBArtifactStore
 from optuna_hpcnas.checkpoints._torch import restore_training_state
 from optuna_hpcnas.checkpoints._torch import training_state
+from optuna_hpcnas.storages import ArtifactCorruptedError
+from optuna_hpcnas.storages import RDBArtifactStore
 
 __all__ = [
     "ArtifactCorruptedError",

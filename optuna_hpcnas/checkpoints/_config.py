@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from dataclasses import fields
 from typing import Any
 
+from optuna_hpcnas._validation import check_heartbeat
+
 
 @dataclass(frozen=True)
 class CheckpointConfig:
@@ -68,7 +70,6 @@ class CheckpointConfig:
             "zstd_level": 1,
             "shard_bytes": 1024,
             "chunk_bytes": 1024,
-            "heartbeat_interval": 1,
         }
         for name, minimum in minimums.items():
             value = getattr(self, name)
@@ -78,19 +79,7 @@ class CheckpointConfig:
                 raise ValueError(f"`{name}` is {value}, but must be >= {minimum}.")
         if self.zstd_level > 22:
             raise ValueError(f"`zstd_level` is {self.zstd_level}, but must be <= 22.")
-        for name in ("grace_period", "max_retry"):
-            value = getattr(self, name)
-            if value is None:
-                continue
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise TypeError(f"`{name}` is {value!r}, but must be an int or None.")
-            if value < 0:
-                raise ValueError(f"`{name}` is {value}, but must be >= 0.")
-        if self.grace_period is not None and self.grace_period <= self.heartbeat_interval:
-            raise ValueError(
-                f"`grace_period` is {self.grace_period}, but must be greater than "
-                f"`heartbeat_interval` ({self.heartbeat_interval})."
-            )
+        check_heartbeat(self.heartbeat_interval, self.grace_period, self.max_retry)
         if not isinstance(self.enabled, bool):
             raise TypeError(f"`enabled` is {self.enabled!r}, but must be a bool.")
         if self.artifact_store is not None and not isinstance(self.artifact_store, str):

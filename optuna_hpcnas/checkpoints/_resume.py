@@ -22,7 +22,6 @@ import threading
 from types import FrameType
 from typing import Any
 from typing import TYPE_CHECKING
-import warnings
 
 from optuna_hpcnas import _keys
 from optuna_hpcnas.checkpoints._config import CheckpointConfig
@@ -43,7 +42,8 @@ def heartbeat_storage(
 
     Heartbeats every ``config.heartbeat_interval`` seconds; a trial silent for
     ``config.grace_period`` is failed and re-queued (up to ``config.max_retry`` times) by
-    :class:`optuna.storages.RetryHeartbeatStaleTrialCallback`.
+    :class:`optuna.storages.RetryHeartbeatStaleTrialCallback`. Built by the storage room's
+    one RDB constructor (``optuna_hpcnas.storages.rdb_storage``), as ``open_storage`` builds it.
 
     Example:
         .. code-block:: python
@@ -52,29 +52,18 @@ def heartbeat_storage(
             storage = heartbeat_storage("sqlite:///study.db", config)
             study = optuna.load_study(study_name="nas", storage=storage)
     """
-    import optuna
-    from optuna.exceptions import ExperimentalWarning
-    from optuna.storages import RetryHeartbeatStaleTrialCallback
+    from optuna_hpcnas.storages import rdb_storage
 
     if not isinstance(url, str):
         raise TypeError(f"`url` is {url!r}, but must be a SQLAlchemy URL string.")
     config = config or CheckpointConfig()
-    kwargs = dict(engine_kwargs or {})
-    if url.startswith("sqlite"):
-        # Checkpoint blobs share the file; let writers queue instead of failing at once.
-        kwargs.setdefault("connect_args", {"timeout": 60})
-    with warnings.catch_warnings():
-        # Heartbeats are marked experimental since Optuna 2.9; this is the supported use.
-        warnings.simplefilter("ignore", ExperimentalWarning)
-        return optuna.storages.RDBStorage(
-            url,
-            engine_kwargs=kwargs,
-            heartbeat_interval=config.heartbeat_interval,
-            grace_period=config.grace_period,
-            heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(
-                max_retry=config.max_retry
-            ),
-        )
+    return rdb_storage(
+        url,
+        heartbeat_interval=config.heartbeat_interval,
+        grace_period=config.grace_period,
+        max_retry=config.max_retry,
+        engine_kwargs=engine_kwargs,
+    )
 
 
 def mark_trial_for_retry(
@@ -84,35 +73,21 @@ def mark_trial_for_retry(
     reason: str,
     max_retry: int | None = None,
 ) -> bool:
-    """FAIL a running trial and queue a WAITING copy, as a heartbeat sweep would.
-
-    Uses the storage's own ``heartbeat_stale_trial_callback`` when it has one, so retries are
-    counted the same way whether a worker died or was preempted. Returns whether this call
-    failed the trial (``False`` if it had already finished).
+    """FAIL a running trial and queue a WAITING copy, as a heartbeat sweep would
+    (``optuna_hpcnas.storages.fail_and_requeue``; ``reason`` is recorded as
+    ``hpcnas:checkpoints:preempted``). Returns whether this call failed the trial (``False``
+    if it had already finished).
     """
-    import optuna
-    from optuna.exceptions import ExperimentalWarning
-    from optuna.storages import RetryHeartbeatStaleTrialCallback
+    from optuna_hpcnas.storages import fail_and_requeue
 
-    storage = study._storage
-    try:
-        storage.set_trial_system_attr(trial_id, _keys.CHECKPOINT_PREEMPTED, reason)
-        if not storage.set_trial_state_values(trial_id, state=optuna.trial.TrialState.FAIL):
-            return False
-    except optuna.exceptions.UpdateFinishedTrialError:
-        return False
-    callback = None
-    getter = getattr(storage, "get_heartbeat_stale_trial_callback", None)
-    if getter is not None:
-        callback = getter()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ExperimentalWarning)
-        if callback is None:
-            callback = RetryHeartbeatStaleTrialCallback(max_retry=max_retry)
-        callback(study, storage.get_trial(trial_id))
-    number = storage.get_trial(trial_id).number
-    _logger.warning("Trial %d stopped (%s) and queued for retry.", number, reason)
-    return True
+    return fail_and_requeue(
+        study,
+        trial_id,
+        reason_key=_keys.CHECKPOINT_PREEMPTED,
+        reason=reason,
+        max_retry=max_retry,
+        event="stopped",
+    )
 
 
 class Preempted(SystemExit):

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 from optuna_hpcnas.distributed._config import DistributedConfig
 from optuna_hpcnas.distributed._groups import assign_groups
+from optuna_hpcnas.distributed._groups import Comm
 from optuna_hpcnas.distributed._groups import EvaluationGroup
 from optuna_hpcnas.distributed._groups import form_groups
+from optuna_hpcnas.distributed._groups import launched_rank_and_size
 from optuna_hpcnas.distributed._groups import Placement
 from optuna_hpcnas.distributed._groups import rank_context
 from optuna_hpcnas.distributed._groups import RankContext
@@ -20,18 +22,14 @@ from optuna_hpcnas.distributed._protocol import GroupError
 from optuna_hpcnas.distributed._protocol import Stop
 from optuna_hpcnas.distributed._protocol import TrialTask
 from optuna_hpcnas.distributed._scheduler import DynamicScheduler
-from optuna_hpcnas.distributed._scheduler import RoundRobinScheduler
-from optuna_hpcnas.distributed._scheduler import simulate
-from optuna_hpcnas.distributed._scheduler import SimulatedClock
-from optuna_hpcnas.distributed._scheduler import SimulationResult
 from optuna_hpcnas.distributed._scheduler import Task
-from optuna_hpcnas.distributed._scheduler import WallClock
 from optuna_hpcnas.distributed._utilisation import CATEGORIES
 from optuna_hpcnas.distributed._utilisation import RankUtilisation
 from optuna_hpcnas.distributed._utilisation import UtilisationTracker
 
 __all__ = [
     "CATEGORIES",
+    "Comm",
     "DistributedConfig",
     "DynamicScheduler",
     "EvaluationGroup",
@@ -40,16 +38,12 @@ __all__ = [
     "Placement",
     "RankContext",
     "RankUtilisation",
-    "RoundRobinScheduler",
-    "SimulatedClock",
-    "SimulationResult",
     "Stop",
     "Task",
     "TrialTask",
     "UtilisationTracker",
-    "WallClock",
     "assign_groups",
     "form_groups",
+    "launched_rank_and_size",
     "rank_context",
-    "simulate",
 ]

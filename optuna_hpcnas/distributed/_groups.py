@@ -11,9 +11,45 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 import logging
+import os
+import sys
 from typing import Any
+from typing import Protocol
 
 _logger = logging.getLogger(__name__)
+
+
+class Comm(Protocol):
+    """What the runner asks of a communicator: an ``mpi4py.MPI.Comm`` or, in one process
+    without MPI, ``self_comm()``."""
+
+    def Get_rank(self) -> int: ...
+
+    def Get_size(self) -> int: ...
+
+    def bcast(self, obj: Any, /, root: int = 0) -> Any: ...
+
+    def gather(self, obj: Any, /, root: int = 0) -> list[Any] | None: ...
+
+    def allgather(self, obj: Any, /) -> list[Any]: ...
+
+
+def launched_rank_and_size() -> tuple[int, int]:
+    """This process's rank and the world size without importing mpi4py: from mpi4py when it
+    is already imported (``python -m mpi4py``), else from the launcher's environment, else
+    ``(0, 1)``."""
+    if "mpi4py.MPI" in sys.modules:
+        comm = sys.modules["mpi4py.MPI"].COMM_WORLD
+        return int(comm.Get_rank()), int(comm.Get_size())
+    for rank_var, size_var in (
+        ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
+        ("PMI_RANK", "PMI_SIZE"),
+        ("PMIX_RANK", "PMIX_SIZE"),
+        ("SLURM_PROCID", "SLURM_NTASKS"),
+    ):
+        if rank_var in os.environ and size_var in os.environ:
+            return int(os.environ[rank_var]), int(os.environ[size_var])
+    return 0, 1
 
 
 @dataclass(frozen=True)
@@ -35,10 +71,6 @@ class RankContext:
     local_size: int
     node: int
     num_nodes: int
-
-    @property
-    def is_root(self) -> bool:
-        return self.rank == 0
 
 
 @dataclass(frozen=True)
@@ -120,12 +152,12 @@ class _SelfComm:
         return None
 
 
-def self_comm() -> Any:
+def self_comm() -> Comm:
     """A one-process communicator that needs no MPI (the laptop path)."""
     return _SelfComm()
 
 
-def world_comm() -> Any:
+def world_comm() -> Comm:
     """``MPI.COMM_WORLD`` when mpi4py is installed, else a one-process communicator."""
     try:
         from mpi4py import MPI

@@ -1,21 +1,30 @@
 """``hpcnas run``: the composition root of a search (one process, or every MPI rank).
 
-``run_search(config)`` wires the study and its budget, the evaluation core
-(``optuna_hpcnas.evaluation``), the MPI groups and engines (``optuna_hpcnas.distributed``)
-and the checkpoints; ``configure_threads`` gives each process its share of the cores.
+``launch(config, resume=...)`` is ``hpcnas run`` / ``hpcnas resume`` on every rank: the
+storage checked first, the metrics server and the progress, then ``run_search(config)``,
+which wires the study and its budget, the evaluation core (``optuna_hpcnas.evaluation``), the
+MPI groups and engines (``optuna_hpcnas.distributed``), each leader's ``LeaderQueue`` (every
+storage call of a leader through one ``StudyCalls``) and the checkpoints around a
+``GroupLoop``; ``configure_threads`` gives each process its share of the cores.
 """
 
 from __future__ import annotations
 
 from optuna_hpcnas._records import utilisation_from_study
+from optuna_hpcnas.run._launch import launch
+from optuna_hpcnas.run._launch import Launched
+from optuna_hpcnas.run._launch import LaunchError
 from optuna_hpcnas.run._search import build_objective
 from optuna_hpcnas.run._search import run_search
 from optuna_hpcnas.run._threads import configure_threads
 from optuna_hpcnas.run._threads import thread_share
 
 __all__ = [
+    "LaunchError",
+    "Launched",
     "build_objective",
     "configure_threads",
+    "launch",
     "run_search",
     "thread_share",
     "utilisation_from_study",

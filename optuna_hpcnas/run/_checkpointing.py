@@ -7,7 +7,8 @@ optimizer, RNG, step and trial counters) after the warm-up, every ``every_n_step
 steps, at the end and at once on SIGTERM/SIGUSR1, and restores the newest valid checkpoint of
 its own chain at start (group 0's when its own has none, e.g. after the number of groups
 changed), then skips the warm-up. World rank 0 also closes a generation (top-k architecture
-states) every ``every_p_trials`` finished trials.
+states) every ``every_p_trials`` finished trials. Every read and write goes through the
+leader's ``StudyCalls``.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
 
     from optuna_hpcnas.checkpoints import Checkpoint
     from optuna_hpcnas.checkpoints import CheckpointConfig
+    from optuna_hpcnas.run._calls import StudyCalls
     from optuna_hpcnas.supernet import SupernetTrainer
 
 _logger = logging.getLogger(__name__)
@@ -32,7 +34,7 @@ class SupernetCheckpoints:
     """The checkpoint wiring of one leader.
 
     Args:
-        study: The run's study (its storage holds the artifacts).
+        calls: The leader's storage calls (its study's storage holds the artifacts).
         trainer: The supernet and its optimizer.
         config: ``[checkpoints]``.
         group: Index of this leader's evaluation group (its chain's namespace).
@@ -41,7 +43,7 @@ class SupernetCheckpoints:
 
     def __init__(
         self,
-        study: optuna.Study,
+        calls: StudyCalls,
         trainer: SupernetTrainer,
         config: CheckpointConfig,
         *,
@@ -51,6 +53,8 @@ class SupernetCheckpoints:
         from optuna_hpcnas.checkpoints import CheckpointPolicy
         from optuna_hpcnas.storages import artifact_store_for
 
+        study = calls.study
+        self.calls = calls
         self.study = study
         self.trainer = trainer
         self.config = config
@@ -84,10 +88,10 @@ class SupernetCheckpoints:
             restored.append(meta)
 
         restored: list[dict[str, Any]] = []
-        latest = self.policy.supernet.load_latest(accept=apply)
+        latest = self.calls.checkpoint(self.policy.supernet.load_latest, accept=apply)
         if latest is None and self.namespace != chain_namespace(0):
             # another number of groups than before
-            latest = self._first_chain.load_latest(accept=apply)
+            latest = self.calls.checkpoint(self._first_chain.load_latest, accept=apply)
         if latest is None:
             _logger.info("No supernet checkpoint in the study yet: starting from the warm-up.")
             return False
@@ -106,19 +110,17 @@ class SupernetCheckpoints:
 
         from optuna_hpcnas.checkpoints import training_state
 
-        finished = len(
-            self.study.get_trials(
-                deepcopy=False,
-                states=(optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED),
-            )
-        )
+        states = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
+        finished = len(self.calls.checkpoint(self.study.get_trials, deepcopy=False, states=states))
         steps = self.trainer.steps
         tensors, metadata = training_state(
             self.trainer.supernet,
             self.trainer.optimizer,
             extra={"supernet_steps": steps, "trials_finished": finished},
         )
-        info = self.policy.supernet.save(tensors, step=steps, metadata=metadata)
+        info = self.calls.checkpoint(
+            self.policy.supernet.save, tensors, step=steps, metadata=metadata
+        )
         self.saved_step = steps
         self.bytes_written += info.size
         _logger.info(
@@ -134,7 +136,8 @@ class SupernetCheckpoints:
         if self.trainer.steps - self.saved_step >= self.config.every_n_steps:
             self.save()
         if self.generations:
-            self.policy(self.study, self.study._storage.get_trial(trial_id))
+            trial = self.calls.checkpoint(self.study._storage.get_trial, trial_id)
+            self.calls.checkpoint(self.policy, self.study, trial)
 
     def finish(self) -> None:
         if self.trainer.steps > self.saved_step:

@@ -14,17 +14,15 @@ from typing import TYPE_CHECKING
 from typing import TypeVar
 
 from optuna_hpcnas.evaluation import Decision
-from optuna_hpcnas.evaluation import OptunaTrialLink
-from optuna_hpcnas.evaluation import report_epoch
 from optuna_hpcnas.evaluation import TrialPlan
 from optuna_hpcnas.evaluation import verdict_needed
 
 if TYPE_CHECKING:
-    import optuna
-
+    from optuna_hpcnas.distributed import Comm
     from optuna_hpcnas.distributed import GroupChannel
     from optuna_hpcnas.distributed import UtilisationTracker
-    from optuna_hpcnas.run._storage_thread import StorageThread
+    from optuna_hpcnas.run._queue import LeaderQueue
+    from optuna_hpcnas.run._queue import Taken
     from optuna_hpcnas.search_space import Architecture
 
 T = TypeVar("T")
@@ -35,42 +33,36 @@ def _first_fault(faults: list[str | None]) -> str | None:
 
 
 class LeaderLink:
-    """``TrialLink`` of the group leader: the trial's link plus the group's collectives.
+    """``TrialLink`` of the group leader: the trial's storage calls plus the group's collectives.
 
-    Its storage writes go to the leader's ``StorageThread`` in order; it waits for a report
-    only when the pruner's verdict could be "stop" (``verdict_needed``), so the decisions
-    are the ones a synchronous loop takes. ``population`` is the one read at the ask, when
-    the ask thread fetched it there.
+    Its storage calls go to the leader's ``LeaderQueue`` (its write thread, in order); it
+    waits for a report only when the pruner's verdict could be "stop" (``verdict_needed``),
+    so the decisions are the ones a synchronous loop takes. The population is the one read
+    at the ask, when the ask read it there.
     """
 
     def __init__(
         self,
-        inner: OptunaTrialLink,
+        taken: Taken,
+        queue: LeaderQueue,
         channel: GroupChannel,
-        comm: Any,
+        comm: Comm,
         tracker: UtilisationTracker,
-        storage: StorageThread,
-        *,
-        population: list[Architecture] | None = None,
     ) -> None:
-        self._inner = inner
+        self.trial = taken.trial
+        self.number = taken.trial.number
+        self.plan = taken.plan
+        self._population = taken.population
+        self._queue = queue
         self._channel = channel
         self._comm = comm
         self._tracker = tracker
-        self._storage = storage
-        self._population = population
         self._pending: dict[str, Any] = {}
         self._reported: dict[int, float] = {}
-        self.number = inner.number
-        self.plan = inner.plan
 
     @property
     def is_leader(self) -> bool:
         return True
-
-    @property
-    def trial(self) -> optuna.Trial:
-        return self._inner.trial
 
     def record(self, attrs: Mapping[str, Any]) -> None:
         # Kept until the trial is told (``take_records``): written once, with the tell,
@@ -83,12 +75,12 @@ class LeaderLink:
         return records
 
     def constrain(self, name: str, value: float) -> None:
-        self._storage.submit(self._inner.constrain, name, value)
+        self._queue.constrain(self.trial, name, value)
 
     def population(self, size: int) -> list[Architecture]:
         if self._population is not None:  # read by the ask, with the same size
             return self._population
-        return self._storage.wait(self._storage.submit(self._inner.population, size))
+        return self._queue.population(size)
 
     def share(self, value: T) -> T:
         with self._tracker.track("communication"):
@@ -104,19 +96,19 @@ class LeaderLink:
             return self._channel.share(decision), fault
 
     def _report(self, epoch: int, value: float | None, fault: str | None) -> Decision:
-        """``report_epoch`` on the write thread; its verdict is awaited only when it could
+        """The report, queued on the write thread; its verdict is awaited only when it could
         be anything but "continue"."""
         if fault is not None:
             return Decision.FAIL
         if not self.plan.report or value is None:
             return Decision.CONTINUE
         self._reported[epoch] = value
-        future = self._storage.submit(report_epoch, self.trial, self.plan, epoch, value, None)
+        future = self._queue.report(self.trial, self.plan, epoch, value)
         pruner = self.trial.study.pruner
         if not verdict_needed(pruner, self._reported, maximize=self.plan.maximize):
             return Decision.CONTINUE
         with self._channel.leader_section(f"reporting epoch {epoch}"):
-            return self._storage.wait(future)
+            return self._queue.wait(future)
 
 
 class FollowerLink:
@@ -127,7 +119,7 @@ class FollowerLink:
         number: int,
         plan: TrialPlan,
         channel: GroupChannel,
-        comm: Any,
+        comm: Comm,
         tracker: UtilisationTracker,
     ) -> None:
         self.number = number

@@ -4,9 +4,10 @@ It only wires parts that live elsewhere::
 
     threads per process -> evaluation groups (node-local first) -> the data and the
     evaluation core (SupernetObjective, exactly as the Python API builds it)
-    -> the study and its budget (world rank 0) -> checkpoint restore, else the k-path
-    supernet warm-up (leaders) -> weight averaging between groups -> GroupLoop
-    -> final checkpoint, averaging rounds, per-rank utilisation stored in the study
+    -> the study and its budget (world rank 0) -> the leader's StudyCalls and LeaderQueue
+    -> checkpoint restore, else the k-path supernet warm-up (leaders) -> weight averaging
+    between groups -> GroupLoop -> final checkpoint, averaging rounds, per-rank utilisation
+    stored in the study
 """
 
 from __future__ import annotations
@@ -15,27 +16,31 @@ import contextlib
 import logging
 import threading
 import time
-from typing import Any
 from typing import TYPE_CHECKING
 
-from optuna_hpcnas import _records
 from optuna_hpcnas.distributed import form_groups
 from optuna_hpcnas.distributed import GroupChannel
 from optuna_hpcnas.distributed import UtilisationTracker
 from optuna_hpcnas.distributed._groups import world_comm
 from optuna_hpcnas.distributed._utilisation import format_table
+from optuna_hpcnas.run._calls import StudyCalls
+from optuna_hpcnas.run._loop import GroupLoop
+from optuna_hpcnas.run._loop import LoopHooks
+from optuna_hpcnas.run._queue import LeaderQueue
 from optuna_hpcnas.run._study import open_study
 from optuna_hpcnas.run._threads import configure_threads
 
 if TYPE_CHECKING:
-    import optuna
-
+    from optuna_hpcnas.checkpoints import PreemptionGuard
     from optuna_hpcnas.config import RunConfig
     from optuna_hpcnas.data import TaskData
+    from optuna_hpcnas.distributed import Comm
     from optuna_hpcnas.distributed import DistributedConfig
     from optuna_hpcnas.distributed import EvaluationGroup
+    from optuna_hpcnas.distributed._averaging import ParameterAverager
     from optuna_hpcnas.evaluation import SupernetObjective
     from optuna_hpcnas.metrics import SearchMetrics
+    from optuna_hpcnas.run._checkpointing import SupernetCheckpoints
     from optuna_hpcnas.search_space import HierarchicalSearchSpace
 
 _logger = logging.getLogger(__name__)
@@ -59,7 +64,7 @@ def group_size(config: DistributedConfig, space: HierarchicalSearchSpace) -> int
 
 
 def build_objective(
-    config: RunConfig, space: HierarchicalSearchSpace, data: Any, device: str
+    config: RunConfig, space: HierarchicalSearchSpace, data: TaskData, device: str
 ) -> SupernetObjective:
     """The evaluation core of a run: the ``SupernetObjective`` the Python API would build
     from the same ``[training]``, ``[objective]`` and ``[stages]`` tables."""
@@ -79,7 +84,7 @@ def build_objective(
 def run_search(
     config: RunConfig,
     *,
-    comm: Any = None,
+    comm: Comm | None = None,
     metrics: SearchMetrics | None = None,
     data: TaskData | None = None,
 ) -> None:
@@ -114,7 +119,7 @@ def run_search(
 
 def _run(
     config: RunConfig,
-    comm: Any,
+    comm: Comm,
     group: EvaluationGroup,
     space: HierarchicalSearchSpace,
     tracker: UtilisationTracker,
@@ -138,53 +143,59 @@ def _run(
         objective = build_objective(config, space, data, device)
     with tracker.track("storage"):
         study = open_study(config, comm, group)
-    checkpoints = _checkpoints(config, comm, group, study, objective)
-    if group.is_leader:
+    calls = StudyCalls(study, config) if study is not None else None  # leaders
+    checkpoints = _checkpoints(config, comm, group, calls, objective)
+    if calls is not None:
         with tracker.track("compute"):
             _warm_up(config, objective, checkpoints, comm.Get_rank())
     averager = _averager(config, group, objective, tracker)
     engine = GroupEngine(group, config.distributed, device, batch_size=config.objective.batch_size)
     guard = _guard(config, checkpoints)
-    loop = _loop(
-        config,
-        space,
-        group,
-        study,
-        objective,
-        engine,
-        tracker,
-        guard,
-        averager,
-        metrics,
-        checkpoints,
+    queue = None
+    if calls is not None:
+        queue = LeaderQueue(
+            calls,
+            config=config,
+            space=space,
+            group=group,
+            tracker=tracker,
+            observe_ask=metrics.observe_ask if metrics is not None else None,
+            cost=objective.core.predicted_flops,
+        )
+    loop = GroupLoop(
+        group=group,
+        channel=GroupChannel(group.comm, group_index=group.index),
+        core=objective.core,
+        engine=engine,
+        tracker=tracker,
+        queue=queue,
+        hooks=_hooks(tracker, guard, averager, checkpoints, metrics),
+        timeout=config.study.timeout,
     )
     # signal handlers can only be installed from the main thread
     in_main = threading.current_thread() is threading.main_thread()
     try:
         with guard if in_main else contextlib.nullcontext(guard):
             loop.run()
-        if checkpoints is not None:
-            with tracker.track("storage"):
-                checkpoints.finish()
-        if averager is not None:
-            with tracker.track("drain"):  # waiting for the last group to finish its trial
-                target = averager.agree_rounds()
-            with tracker.track("communication"):
-                averager.finish(target)
+        _finish_training(tracker, checkpoints, averager)
     finally:
         engine.close()
-    _finish(comm, group, study, tracker, loop, averager)
+    _store_utilisation(comm, group, calls, tracker, queue, averager)
 
 
 def _checkpoints(
-    config: RunConfig, comm: Any, group: EvaluationGroup, study: Any, objective: Any
-) -> Any:
-    if not (group.is_leader and config.checkpoints.enabled) or study is None:
+    config: RunConfig,
+    comm: Comm,
+    group: EvaluationGroup,
+    calls: StudyCalls | None,
+    objective: SupernetObjective,
+) -> SupernetCheckpoints | None:
+    if calls is None or not config.checkpoints.enabled:
         return None
     from optuna_hpcnas.run._checkpointing import SupernetCheckpoints
 
     return SupernetCheckpoints(
-        study,
+        calls,
         objective.trainer,
         config.checkpoints,
         group=group.index,
@@ -192,7 +203,12 @@ def _checkpoints(
     )
 
 
-def _warm_up(config: RunConfig, objective: Any, checkpoints: Any, rank: int) -> None:
+def _warm_up(
+    config: RunConfig,
+    objective: SupernetObjective,
+    checkpoints: SupernetCheckpoints | None,
+    rank: int,
+) -> None:
     """Restore the newest supernet checkpoint, or train the shared weights (k paths)."""
     if checkpoints is not None and checkpoints.restore():
         return
@@ -214,7 +230,12 @@ def _warm_up(config: RunConfig, objective: Any, checkpoints: Any, rank: int) -> 
         checkpoints.save()
 
 
-def _averager(config: RunConfig, group: EvaluationGroup, objective: Any, tracker: Any) -> Any:
+def _averager(
+    config: RunConfig,
+    group: EvaluationGroup,
+    objective: SupernetObjective,
+    tracker: UtilisationTracker,
+) -> ParameterAverager | None:
     """Averaging of the shared supernet weights between groups (leaders; several groups)."""
     d = config.distributed
     if not (group.is_leader and group.num_groups > 1 and d.sync_interval > 0):
@@ -237,27 +258,21 @@ def _averager(config: RunConfig, group: EvaluationGroup, objective: Any, tracker
     )
 
 
-def _guard(config: RunConfig, checkpoints: Any) -> Any:
+def _guard(config: RunConfig, checkpoints: SupernetCheckpoints | None) -> PreemptionGuard:
     from optuna_hpcnas.checkpoints import PreemptionGuard
 
     save = checkpoints.save if checkpoints is not None else None
     return PreemptionGuard.from_config(config.checkpoints, checkpoint=save)
 
 
-def _loop(
-    config: RunConfig,
-    space: HierarchicalSearchSpace,
-    group: EvaluationGroup,
-    study: Any,
-    objective: Any,
-    engine: Any,
+def _hooks(
     tracker: UtilisationTracker,
-    guard: Any,
-    averager: Any,
+    guard: PreemptionGuard,
+    averager: ParameterAverager | None,
+    checkpoints: SupernetCheckpoints | None,
     metrics: SearchMetrics | None,
-    checkpoints: Any,
-) -> Any:
-    from optuna_hpcnas.run._loop import GroupLoop
+) -> LoopHooks:
+    """Signals and averaging after every step; averaging and checkpoints after a trial."""
 
     def on_step() -> None:
         if averager is not None:
@@ -275,29 +290,37 @@ def _loop(
                 if metrics is not None and checkpoints.bytes_written > before:
                     metrics.add_checkpoint_bytes(checkpoints.bytes_written - before)
 
-    return GroupLoop(
-        config=config,
-        space=space,
-        group=group,
-        channel=GroupChannel(group.comm, group_index=group.index),
-        study=study,
-        core=objective.core,
-        engine=engine,
-        tracker=tracker,
+    return LoopHooks(
         on_step=on_step,
         after_trial=after_trial,
-        observe_ask=metrics.observe_ask if metrics is not None else None,
+        reads_told_trial=checkpoints is not None,  # the policy reads the told trial
         watch=guard.watch,
     )
 
 
-def _finish(
-    comm: Any,
-    group: EvaluationGroup,
-    study: optuna.Study | None,
+def _finish_training(
     tracker: UtilisationTracker,
-    loop: Any,
-    averager: Any,
+    checkpoints: SupernetCheckpoints | None,
+    averager: ParameterAverager | None,
+) -> None:
+    """The last checkpoint, then the last averaging rounds (waiting for the other groups)."""
+    if checkpoints is not None:
+        with tracker.track("storage"):
+            checkpoints.finish()
+    if averager is not None:
+        with tracker.track("drain"):  # waiting for the last group to finish its trial
+            target = averager.agree_rounds()
+        with tracker.track("communication"):
+            averager.finish(target)
+
+
+def _store_utilisation(
+    comm: Comm,
+    group: EvaluationGroup,
+    calls: StudyCalls | None,
+    tracker: UtilisationTracker,
+    queue: LeaderQueue | None,
+    averager: ParameterAverager | None,
 ) -> None:
     """Gather every rank's time shares on world rank 0 and store them in the study."""
     tracker.stop()
@@ -305,15 +328,15 @@ def _finish(
         rank=comm.Get_rank(),
         group=group.index,
         leader=group.is_leader,
-        trials=loop.trials_done if group.is_leader else 0,
-        infeasible=loop.trials_infeasible,
-        storage_thread=loop.storage_thread_seconds,
+        trials=queue.trials_done if queue is not None else 0,
+        infeasible=queue.trials_infeasible if queue is not None else 0,
+        storage_thread=queue.storage_thread_seconds if queue is not None else {},
         sync_bytes=averager.bytes_sent if averager is not None else 0,
         sync_rounds=averager.rounds_done if averager is not None else 0,
     )
     reports = comm.gather(report, root=0)  # after tracker.stop(): not counted
     if comm.Get_rank() != 0:
         return
-    assert study is not None and reports is not None
+    assert calls is not None and reports is not None
     _logger.info("Utilisation per rank:\n%s", format_table(reports))
-    _records.store_utilisation(study, [r.to_dict() for r in reports])
+    calls.store_utilisation([r.to_dict() for r in reports])

@@ -10,7 +10,6 @@ leaves WAITING trials behind: run again, it finishes those without adding new on
 from __future__ import annotations
 
 import logging
-from typing import Any
 from typing import TYPE_CHECKING
 import warnings
 
@@ -20,12 +19,13 @@ if TYPE_CHECKING:
     import optuna
 
     from optuna_hpcnas.config import RunConfig
+    from optuna_hpcnas.distributed import Comm
     from optuna_hpcnas.distributed import EvaluationGroup
 
 _logger = logging.getLogger(__name__)
 
 
-def _storage(url: str, config: RunConfig) -> Any:
+def _storage(url: str, config: RunConfig) -> str | optuna.storages.BaseStorage:
     """The Optuna storage of ``url`` (``optuna_hpcnas.storages.open_storage``): RDB storages
     get heartbeats and stale-trial retries from ``[checkpoints]``."""
     if url.startswith("sqlite:///:memory:"):
@@ -65,7 +65,7 @@ def recover_dead_trials(study: optuna.Study, config: RunConfig) -> None:
         _logger.warning("Trial %d of a dead worker was queued again.", number)
 
 
-def open_study(config: RunConfig, comm: Any, group: EvaluationGroup) -> Any:
+def open_study(config: RunConfig, comm: Comm, group: EvaluationGroup) -> optuna.Study | None:
     """Collective over ``comm``: the study on every group leader (``None`` elsewhere).
 
     Only world rank 0 opens the storage first (an RDB storage creates its schema on first
@@ -98,7 +98,9 @@ def open_study(config: RunConfig, comm: Any, group: EvaluationGroup) -> Any:
     )
 
 
-def _create(config: RunConfig, storage: Any, *, seed_offset: int) -> optuna.Study:
+def _create(
+    config: RunConfig, storage: str | optuna.storages.BaseStorage, *, seed_offset: int
+) -> optuna.Study:
     import optuna
 
     study = optuna.create_study(

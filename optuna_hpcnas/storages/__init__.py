@@ -1,40 +1,59 @@
-"""Every Optuna storage from one string, leases for storages without heartbeats, the gRPC proxy.
+"""The storage room: every Optuna storage from one string, what a storage string says,
+keeping running trials recoverable, artifacts in the study's database, the gRPC proxy.
 
 ``open_storage(url)`` is what the CLI, the runner and the dashboard call with ``--storage`` /
-``OPTUNA_STORAGE``; :class:`TrialLease` and :func:`recover_expired_trials` recover dead workers'
-trials where Optuna's heartbeats do not exist (journal file, Redis journal, gRPC proxy);
+``OPTUNA_STORAGE`` (``rdb_storage`` is its one RDB constructor); ``storage_kind``,
+``sqlite_file`` and ``mask_url`` read a storage string without opening it;
+:class:`TrialLease` and :func:`recover_expired_trials` recover dead workers' trials where
+Optuna's heartbeats do not exist (journal file, Redis journal, gRPC proxy), and
+:func:`fail_and_requeue` is the one way a running trial is failed and queued again;
+:class:`RDBArtifactStore` keeps blobs in the study's own database and
 :func:`artifact_store_for` says where checkpoints of a storage go. Imports neither torch nor
-any database driver until a storage is opened.
+any database driver until a storage is opened; never imports the checkpoints or the CLI.
 """
 
 from __future__ import annotations
 
 from optuna_hpcnas.storages._artifacts import artifact_store_for
+from optuna_hpcnas.storages._lease import fail_and_requeue
 from optuna_hpcnas.storages._lease import lease_expiry
 from optuna_hpcnas.storages._lease import recover_expired_trials
 from optuna_hpcnas.storages._lease import TrialLease
 from optuna_hpcnas.storages._open import describe_storage
 from optuna_hpcnas.storages._open import open_storage
 from optuna_hpcnas.storages._open import parse_grpc_url
-from optuna_hpcnas.storages._open import storage_kind
+from optuna_hpcnas.storages._open import rdb_storage
+from optuna_hpcnas.storages._open import SQLITE_TIMEOUT
 from optuna_hpcnas.storages._open import StorageError
 from optuna_hpcnas.storages._open import supports_heartbeat
 from optuna_hpcnas.storages._proxy import add_storage_proxy_arguments
 from optuna_hpcnas.storages._proxy import run_storage_proxy
 from optuna_hpcnas.storages._proxy import start_storage_proxy
 from optuna_hpcnas.storages._proxy import storage_proxy_command
+from optuna_hpcnas.storages._rdb_artifacts import ArtifactCorruptedError
+from optuna_hpcnas.storages._rdb_artifacts import RDBArtifactStore
+from optuna_hpcnas.storages._urls import mask_url
+from optuna_hpcnas.storages._urls import sqlite_file
+from optuna_hpcnas.storages._urls import storage_kind
 
 __all__ = [
+    "SQLITE_TIMEOUT",
+    "ArtifactCorruptedError",
+    "RDBArtifactStore",
     "StorageError",
     "TrialLease",
     "add_storage_proxy_arguments",
     "artifact_store_for",
     "describe_storage",
+    "fail_and_requeue",
     "lease_expiry",
+    "mask_url",
     "open_storage",
     "parse_grpc_url",
+    "rdb_storage",
     "recover_expired_trials",
     "run_storage_proxy",
+    "sqlite_file",
     "start_storage_proxy",
     "storage_kind",
     "storage_proxy_command",

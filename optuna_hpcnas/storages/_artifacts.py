@@ -1,7 +1,7 @@
 """Where checkpoints of a storage go: the RDB artifact store, or a configured directory.
 
 An RDB storage keeps checkpoint blobs in two tables of its own database
-(:class:`~optuna_hpcnas.checkpoints.RDBArtifactStore`), so one URL holds the whole search.
+(:class:`RDBArtifactStore`), so one URL holds the whole search.
 Journal storages and the gRPC proxy have no tables to put blobs in (and proxy clients may not
 reach the database at all), so their checkpoints go to an Optuna
 :class:`~optuna.artifacts.FileSystemArtifactStore` on a directory every worker can reach:
@@ -14,6 +14,7 @@ import os
 from typing import TYPE_CHECKING
 
 from optuna_hpcnas.storages._open import StorageError
+from optuna_hpcnas.storages._rdb_artifacts import RDBArtifactStore
 
 if TYPE_CHECKING:
     import optuna
@@ -64,8 +65,6 @@ def artifact_store_for(
         return FileSystemArtifactStore(path)
     backend = getattr(storage, "_backend", storage)  # Optuna's _CachedStorage wraps RDBStorage
     if isinstance(backend, RDBStorage):
-        from optuna_hpcnas.checkpoints import RDBArtifactStore
-
         return RDBArtifactStore(backend)
     raise StorageError(
         f"Checkpoints of a {type(backend).__name__} need a directory: set "

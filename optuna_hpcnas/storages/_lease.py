@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 import warnings
 
 from optuna_hpcnas import _keys
+from optuna_hpcnas._records import retry_callback
 from optuna_hpcnas._records import trials_with_heartbeat
 
 if TYPE_CHECKING:
@@ -221,8 +222,6 @@ def recover_expired_trials(
                 print(f"trial {number} of a dead worker was queued again")
     """
     import optuna
-    from optuna.exceptions import ExperimentalWarning
-    from optuna.storages import RetryHeartbeatStaleTrialCallback
     from optuna.trial import TrialState
 
     if not isinstance(study, optuna.Study):
@@ -236,39 +235,75 @@ def recover_expired_trials(
     running = storage.get_all_trials(study._study_id, deepcopy=False, states=(TrialState.RUNNING,))
     with_heartbeat = trials_with_heartbeat(storage, [t._trial_id for t in running])
     now = time.time()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ExperimentalWarning)
-        retry = RetryHeartbeatStaleTrialCallback(max_retry=max_retry)
     recovered: list[int] = []
     for trial in running:
         reason = _expired_reason(trial, trial._trial_id in with_heartbeat, grace_period, now)
         if reason is None:
             continue
-        try:
-            storage.set_trial_system_attr(trial._trial_id, _keys.STORAGES_RECOVERED, reason)
-            # The arbiter between concurrent sweeps: only one transition RUNNING -> FAIL wins.
-            if not storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL):
-                continue
-        except optuna.exceptions.UpdateFinishedTrialError:
-            continue
-        failed = copy.deepcopy(storage.get_trial(trial._trial_id))
-        failed.system_attrs = _retry_attrs(failed.system_attrs)
-        n_before = len(failed.system_attrs.get("retry_history", ()))
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", ExperimentalWarning)
-            retry(study, failed)
-        queued = max_retry is None or n_before < max_retry
-        _logger.warning(
-            "Trial %d of a dead worker failed (%s); %s.",
-            trial.number,
-            reason,
-            "queued for retry" if queued else f"not retried (max_retry={max_retry} reached)",
-        )
-        recovered.append(trial.number)
+        if fail_and_requeue(
+            study,
+            trial._trial_id,
+            reason_key=_keys.STORAGES_RECOVERED,
+            reason=reason,
+            max_retry=max_retry,
+            event="of a dead worker failed",
+        ):
+            recovered.append(trial.number)
     return recovered
 
 
+def fail_and_requeue(
+    study: optuna.Study,
+    trial_id: int,
+    *,
+    reason_key: str,
+    reason: str,
+    max_retry: int | None,
+    event: str = "failed",
+) -> bool:
+    """FAIL a RUNNING trial and queue a WAITING copy, as Optuna's heartbeat sweep does: the
+    one way a running trial is failed and retried (a dead worker's, by a sweep; a preempted
+    one, by ``PreemptionGuard``).
+
+    ``reason`` is recorded in the failed trial's system attribute ``reason_key``. The copy
+    keeps the parameters, distributions and attributes but this trial's lease and reasons;
+    the storage's own ``heartbeat_stale_trial_callback`` makes it when the storage has one (so
+    retries count alike however a trial died), else
+    ``RetryHeartbeatStaleTrialCallback(max_retry)``. Concurrent callers are safe: the storage's
+    ``RUNNING -> FAIL`` transition lets one of them through. Returns whether this call failed
+    the trial; logs ``Trial N <event> (<reason>); queued for retry.`` (or why not).
+    """
+    import optuna
+    from optuna.exceptions import ExperimentalWarning
+    from optuna.trial import TrialState
+
+    storage = study._storage
+    try:
+        storage.set_trial_system_attr(trial_id, reason_key, reason)
+        # The arbiter between concurrent callers: only one transition RUNNING -> FAIL wins.
+        if not storage.set_trial_state_values(trial_id, state=TrialState.FAIL):
+            return False
+    except optuna.exceptions.UpdateFinishedTrialError:
+        return False
+    failed = copy.deepcopy(storage.get_trial(trial_id))
+    failed.system_attrs = _retry_attrs(failed.system_attrs)
+    retry, limit = retry_callback(storage, max_retry)
+    retries = len(failed.system_attrs.get("retry_history", ())) + 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ExperimentalWarning)
+        retry(study, failed)
+    queued = limit is None or retries <= limit
+    _logger.warning(
+        "Trial %d %s (%s); %s.",
+        failed.number,
+        event,
+        reason,
+        "queued for retry" if queued else f"not retried (max_retry={limit} reached)",
+    )
+    return True
+
+
 def _retry_attrs(system_attrs: dict[str, Any]) -> dict[str, Any]:
-    """System attributes a retry inherits: all but this trial's lease and recovery reason."""
-    dropped = (_keys.STORAGES_LEASE, _keys.STORAGES_RECOVERED)
+    """System attributes a retry inherits: all but this trial's lease and why it failed."""
+    dropped = (_keys.STORAGES_LEASE, _keys.STORAGES_RECOVERED, _keys.CHECKPOINT_PREEMPTED)
     return {k: v for k, v in system_attrs.items() if k not in dropped}

@@ -32,12 +32,13 @@ from typing import TypeVar
 from urllib.parse import urlsplit
 import warnings
 
-from optuna_hpcnas._cli_util import mask_url
+from optuna_hpcnas._validation import check_heartbeat
+from optuna_hpcnas.storages._urls import mask_url
+from optuna_hpcnas.storages._urls import sqlite_file
+from optuna_hpcnas.storages._urls import storage_kind
 
 if TYPE_CHECKING:
     import optuna
-
-    from optuna_hpcnas.checkpoints import CheckpointConfig
 
 _logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -66,40 +67,6 @@ class StorageError(RuntimeError):
     """A storage URL cannot be opened; the message names the (masked) URL and the problem."""
 
 
-def storage_kind(url: str) -> str:
-    """The backend a storage string selects, from its spelling alone (nothing is opened).
-
-    One of ``"sqlite"``, ``"postgresql"``, ``"mysql"`` (MariaDB included), ``"rdb"`` (another
-    SQLAlchemy dialect), ``"journal-redis"``, ``"grpc"`` and ``"journal-file"``.
-
-    Example:
-        >>> storage_kind("postgresql+psycopg://nas:pw@db/optuna")
-        'postgresql'
-        >>> storage_kind("runs/nas.journal")
-        'journal-file'
-    """
-    if not isinstance(url, str):
-        raise TypeError(f"`url` is {url!r}, but must be a string.")
-    if not url.strip():
-        raise ValueError("`url` is empty, but must name a storage.")
-    # optuna-dashboard's order: Redis by prefix first, then URLs, then files.
-    if url.startswith("redis"):
-        return "journal-redis"
-    scheme, sep, _ = url.partition("://")
-    if not sep:
-        return "journal-file"
-    dialect = scheme.split("+", 1)[0].lower()
-    if dialect == "grpc":
-        return "grpc"
-    if dialect == "sqlite":
-        return "sqlite"
-    if dialect in ("postgresql", "postgres"):
-        return "postgresql"
-    if dialect in ("mysql", "mariadb"):
-        return "mysql"
-    return "rdb"
-
-
 def describe_storage(url: str) -> str:
     """Kind and masked URL, for logs: ``"PostgreSQL postgresql+psycopg://nas:***@db/optuna"``."""
     return f"{_KIND_NAMES[storage_kind(url)]} {mask_url(url)}"
@@ -125,6 +92,7 @@ def open_storage(
     grace_period: int | None = None,
     max_retry: int | None = None,
     connect_timeout: float = _CONNECT_TIMEOUT_S,
+    must_exist: bool = False,
 ) -> optuna.storages.BaseStorage:
     """Open the storage a URL or path names (see the module docstring for the spellings).
 
@@ -140,6 +108,8 @@ def open_storage(
         max_retry: How often such a trial is re-queued (``None``: Optuna's default, without
             limit). Only with ``heartbeat_interval``.
         connect_timeout: Seconds to wait for a Redis server or a gRPC proxy to answer.
+        must_exist: Refuse a SQLite or journal file that does not exist yet (a reader never
+            creates an empty storage).
 
     Raises:
         StorageError: The storage cannot be opened (the message says why, password masked).
@@ -169,14 +139,19 @@ def open_storage(
         raise ValueError(f"`connect_timeout` is {connect_timeout}, but must be > 0.")
     if heartbeat_interval is not None:
         # Validated before anything touches a file or a server.
-        _heartbeat_config(url, heartbeat_interval, grace_period, max_retry)
+        try:
+            check_heartbeat(heartbeat_interval, grace_period, max_retry)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"Heartbeat settings for {mask_url(url)}: {e}") from None
+    if must_exist:
+        _check_exists(url, kind)
     if kind == "journal-redis":
         return _open_redis(url, float(connect_timeout))
     if kind == "grpc":
         return _open_grpc(url, float(connect_timeout))
     if kind == "journal-file":
         return _open_journal_file(url)
-    return _open_rdb(url, kind, heartbeat_interval, grace_period, max_retry)
+    return _open_rdb(url, heartbeat_interval, grace_period, max_retry)
 
 
 def _error(url: str, problem: str) -> StorageError:
@@ -189,12 +164,19 @@ def _missing_extra(url: str, module: str, extra: str) -> StorageError:
     return _error(url, f"Python package {module!r} is missing; install optuna-hpcnas[{extra}]")
 
 
+def _check_exists(url: str, kind: str) -> None:
+    path = sqlite_file(url)
+    if path is not None and not os.path.exists(path):
+        raise _error(url, f"no such SQLite file {path!r}")
+    if kind == "journal-file" and not os.path.exists(url):
+        raise _error(url, "no such journal file")
+
+
 # ------------------------------------------------------------------ RDB
 
 
 def _open_rdb(
     url: str,
-    kind: str,
     heartbeat_interval: int | None,
     grace_period: int | None,
     max_retry: int | None,
@@ -205,13 +187,20 @@ def _open_rdb(
         parsed = sqlalchemy.engine.make_url(url)
     except sqlalchemy.exc.ArgumentError as e:
         raise _error(url, f"not a storage URL ({e})") from None
-    sqlite_path = _sqlite_path(url, parsed.database) if kind == "sqlite" else None
+    sqlite_path = _checked_sqlite_file(url)
+
+    def open_once() -> optuna.storages.RDBStorage:
+        return rdb_storage(
+            url,
+            heartbeat_interval=heartbeat_interval,
+            grace_period=grace_period,
+            max_retry=max_retry,
+        )
+
     try:
         if sqlite_path is None:
-            return _rdb_storage(url, kind, heartbeat_interval, grace_period, max_retry)
-        return _first_open_of_sqlite(
-            lambda: _rdb_storage(url, kind, heartbeat_interval, grace_period, max_retry)
-        )
+            return open_once()
+        return _first_open_of_sqlite(open_once)
     except StorageError:
         raise
     except sqlalchemy.exc.NoSuchModuleError:
@@ -240,16 +229,47 @@ def _open_rdb(
         raise _error(url, str(e)) from None
 
 
-def _rdb_storage(
+def rdb_storage(
     url: str,
-    kind: str,
-    heartbeat_interval: int | None,
-    grace_period: int | None,
-    max_retry: int | None,
+    *,
+    heartbeat_interval: int | None = None,
+    grace_period: int | None = None,
+    max_retry: int | None = None,
+    engine_kwargs: dict[str, Any] | None = None,
 ) -> optuna.storages.RDBStorage:
-    storage = _rdb_storage_unchecked(url, kind, heartbeat_interval, grace_period, max_retry)
+    """The one constructor of this package's RDB storages (``open_storage``,
+    ``checkpoints.heartbeat_storage``), without ``open_storage``'s checks and messages.
+
+    With ``heartbeat_interval`` a running trial sends heartbeats, and one silent for
+    ``grace_period`` is failed and queued again (up to ``max_retry`` times) by
+    :class:`optuna.storages.RetryHeartbeatStaleTrialCallback`. On SQLite a writer waits up
+    to ``SQLITE_TIMEOUT`` seconds for the lock (checkpoint blobs share the file), every
+    transaction takes the lock when it begins, and a file on a local disk uses the
+    write-ahead log (``_configure_sqlite``).
+    """
+    import optuna
+    from optuna.exceptions import ExperimentalWarning
+    from optuna.storages import RetryHeartbeatStaleTrialCallback
+
+    kind = storage_kind(url)
+    kwargs = dict(engine_kwargs or {})
     if kind == "sqlite":
-        path = _sqlite_path(url, storage.engine.url.database)
+        kwargs.setdefault("connect_args", {"timeout": SQLITE_TIMEOUT})
+    heartbeat: dict[str, Any] = {}
+    if heartbeat_interval is not None:
+        heartbeat = {
+            "heartbeat_interval": heartbeat_interval,
+            "grace_period": grace_period,
+            "heartbeat_stale_trial_callback": RetryHeartbeatStaleTrialCallback(
+                max_retry=max_retry
+            ),
+        }
+    with warnings.catch_warnings():
+        # Heartbeats are marked experimental since Optuna 2.9; this is the supported use.
+        warnings.simplefilter("ignore", ExperimentalWarning)
+        storage = optuna.storages.RDBStorage(url, engine_kwargs=kwargs, **heartbeat)
+    if kind == "sqlite":
+        path = sqlite_file(url)
         wal = path is not None and on_local_filesystem(path)
         _configure_sqlite(storage.engine, write_ahead_log=wal)
     return storage
@@ -287,7 +307,7 @@ def _configure_sqlite(engine: Any, *, write_ahead_log: bool) -> None:
 
     def on_begin(connection: Any) -> None:
         if write_ahead_log:
-            _begin_immediate(connection.connection.driver_connection, timeout=_SQLITE_TIMEOUT)
+            _begin_immediate(connection.connection.driver_connection, timeout=SQLITE_TIMEOUT)
         else:
             connection.exec_driver_sql("BEGIN IMMEDIATE")
 
@@ -297,7 +317,7 @@ def _configure_sqlite(engine: Any, *, write_ahead_log: bool) -> None:
     engine.dispose()
 
 
-_SQLITE_TIMEOUT = 60.0  # seconds a SQLite writer waits for the lock before it fails
+SQLITE_TIMEOUT = 60.0  # seconds a SQLite writer waits for the lock before it fails
 
 
 def _begin_immediate(connection: Any, *, timeout: float) -> None:
@@ -328,45 +348,11 @@ def _begin_immediate(connection: Any, *, timeout: float) -> None:
         connection.execute(f"PRAGMA busy_timeout = {int(timeout * 1000)}")
 
 
-def _rdb_storage_unchecked(
-    url: str,
-    kind: str,
-    heartbeat_interval: int | None,
-    grace_period: int | None,
-    max_retry: int | None,
-) -> optuna.storages.RDBStorage:
-    import optuna
-
-    if heartbeat_interval is not None:
-        from optuna_hpcnas.checkpoints import heartbeat_storage
-
-        config = _heartbeat_config(url, heartbeat_interval, grace_period, max_retry)
-        return heartbeat_storage(url, config)
-    engine_kwargs: dict[str, Any] = {}
-    if kind == "sqlite":
-        # As heartbeat_storage: checkpoint blobs share the file, so writers queue, not fail.
-        engine_kwargs["connect_args"] = {"timeout": _SQLITE_TIMEOUT}
-    return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
-
-
-def _heartbeat_config(
-    url: str, heartbeat_interval: int, grace_period: int | None, max_retry: int | None
-) -> CheckpointConfig:
-    from optuna_hpcnas.checkpoints import CheckpointConfig
-
-    try:
-        return CheckpointConfig(
-            heartbeat_interval=heartbeat_interval, grace_period=grace_period, max_retry=max_retry
-        )
-    except (TypeError, ValueError) as e:
-        raise ValueError(f"Heartbeat settings for {mask_url(url)}: {e}") from None
-
-
-def _sqlite_path(url: str, database: str | None) -> str | None:
-    """The file of a SQLite URL, checked; ``None`` for in-memory databases."""
-    if not database or database == ":memory:" or database.startswith("file:"):
+def _checked_sqlite_file(url: str) -> str | None:
+    """The file of a SQLite URL (``sqlite_file``), refused when it cannot be one."""
+    path = sqlite_file(url)
+    if path is None:
         return None
-    path = os.path.abspath(database)
     if os.path.isdir(path):
         raise _error(url, f"{path} is a directory, not a SQLite database file")
     parent = os.path.dirname(path)

@@ -14,12 +14,12 @@ import os
 from typing import TYPE_CHECKING
 import warnings
 
-from optuna_hpcnas._cli_util import mask_url
 from optuna_hpcnas._records import grpc_proxy_server
 from optuna_hpcnas.storages._open import describe_storage
 from optuna_hpcnas.storages._open import open_storage
-from optuna_hpcnas.storages._open import storage_kind
 from optuna_hpcnas.storages._open import StorageError
+from optuna_hpcnas.storages._urls import mask_url
+from optuna_hpcnas.storages._urls import storage_kind
 
 if TYPE_CHECKING:
     import grpc

@@ -17,6 +17,9 @@ from typing import Any
 from typing import BinaryIO
 from typing import TYPE_CHECKING
 
+from optuna_hpcnas.storages._open import SQLITE_TIMEOUT
+from optuna_hpcnas.storages._urls import storage_kind
+
 if TYPE_CHECKING:
     import optuna
     import sqlalchemy
@@ -161,9 +164,9 @@ class RDBArtifactStore:
             raise ValueError(f"`table_prefix` is {table_prefix!r}, but must be an identifier.")
         if isinstance(storage, str):
             kwargs = dict(engine_kwargs or {})
-            if storage.startswith("sqlite"):
+            if storage_kind(storage) == "sqlite":
                 # A checkpoint write holds SQLite's write lock briefly; wait instead of failing.
-                kwargs.setdefault("connect_args", {"timeout": 60})
+                kwargs.setdefault("connect_args", {"timeout": SQLITE_TIMEOUT})
             self._engine = sqlalchemy.create_engine(storage, **kwargs)
             self._owns_engine = True
         else:

@@ -1,0 +1,127 @@
+"""What a study's records say, as ``hpcnas status``, ``hpcnas best`` and the end of
+``hpcnas run`` print them: trials by state, throughput, the best trials, each trial's
+architecture in one line."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import optuna
+    from optuna.trial import FrozenTrial
+
+    from optuna_hpcnas.search_space import Architecture
+
+
+def trial_architecture(study: optuna.Study, trial: FrozenTrial) -> Architecture | None:
+    """The architecture of ``trial``: the one it recorded, else its parameters read by the
+    search space the study recorded (``None`` when neither is there)."""
+    from optuna_hpcnas._records import architecture_of
+    from optuna_hpcnas.search_space import HierarchicalSearchSpace
+
+    arch = architecture_of(trial.user_attrs)
+    if arch is not None:
+        return arch
+    space = HierarchicalSearchSpace.from_study(study)
+    if space is None:
+        return None
+    try:
+        return space.from_params(trial.params)
+    except ValueError:
+        return None
+
+
+def describe_trial(study: optuna.Study, trial: FrozenTrial) -> str:
+    """``trial``'s architecture in one line (its parameters as JSON without one)."""
+    from optuna_hpcnas._records import summary_of
+
+    summary = summary_of(trial.user_attrs)
+    if summary is not None:
+        return summary
+    arch = trial_architecture(study, trial)
+    return arch.describe() if arch is not None else json.dumps(trial.params, sort_keys=True)
+
+
+def metric_names(study: optuna.Study) -> list[str]:
+    """The study's metric names, else Optuna's defaults (``value``, ``values_<i>``)."""
+    names = study.metric_names
+    if names:
+        return list(names)
+    n = len(study.directions)
+    return ["value"] if n == 1 else [f"values_{i}" for i in range(n)]
+
+
+def study_status(study: optuna.Study) -> dict[str, Any]:
+    """The facts ``hpcnas status`` prints, as a dict (``--json``)."""
+    from optuna.trial import TrialState
+
+    from optuna_hpcnas._records import compute_shares
+
+    trials = study.get_trials(deepcopy=False)
+    by_state = {s.name: 0 for s in TrialState}
+    for t in trials:
+        by_state[t.state.name] += 1
+    finished = [t for t in trials if t.state.is_finished()]
+    # the runner queues its whole budget as WAITING trials
+    target = len(trials) if by_state["WAITING"] else None
+    starts = [t.datetime_start for t in trials if t.datetime_start is not None]
+    ends = [t.datetime_complete for t in finished if t.datetime_complete is not None]
+    durations = [
+        (t.datetime_complete - t.datetime_start).total_seconds()
+        for t in finished
+        if t.datetime_start is not None and t.datetime_complete is not None
+    ]
+    out: dict[str, Any] = {
+        "study": study.study_name,
+        "directions": [d.name.lower() for d in study.directions],
+        "metric_names": metric_names(study),
+        "trials": len(trials),
+        "by_state": by_state,
+        "target_trials": target,
+        "progress": (len(finished) / target) if isinstance(target, int) and target else None,
+    }
+    if starts:
+        first = min(starts)
+        last = max(ends) if ends else max(starts)
+        elapsed = (last - first).total_seconds()
+        out["first_start"] = first.isoformat(timespec="seconds")
+        out["last_finish"] = last.isoformat(timespec="seconds") if ends else None
+        out["elapsed_seconds"] = elapsed
+        # Busy time over wall time: how many evaluations ran at once, on average.
+        out["mean_concurrency"] = (sum(durations) / elapsed) if elapsed > 0 else None
+        out["trials_per_minute"] = (len(finished) / elapsed * 60) if elapsed > 0 else None
+        out["mean_evaluation_seconds"] = (sum(durations) / len(durations)) if durations else None
+    shares = compute_shares(study)  # the last run's per-rank share of its loop computing
+    if shares:
+        out["utilisation"] = {str(rank): share for rank, share in shares.items()}
+    completed = [t for t in trials if t.state == TrialState.COMPLETE]
+    if completed:
+        if len(study.directions) == 1:
+            best = study.best_trial
+            out["best"] = {
+                "trial": best.number,
+                "values": best.values,
+                "architecture": describe_trial(study, best),
+            }
+        else:
+            out["pareto_front_trials"] = len(study.best_trials)
+    return out
+
+
+def best_trials(study: optuna.Study, *, top: int) -> list[FrozenTrial]:
+    """Top ``top`` completed trials (single objective) or the Pareto front (several)."""
+    from optuna.study import StudyDirection
+    from optuna.trial import TrialState
+
+    if len(study.directions) > 1:
+        front = list(study.best_trials)
+        return sorted(
+            front,
+            key=lambda t: t.values[0],
+            reverse=study.directions[0] == StudyDirection.MAXIMIZE,
+        )
+    completed = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    reverse = study.direction == StudyDirection.MAXIMIZE
+    return sorted(completed, key=lambda t: t.values[0], reverse=reverse)[:top]

@@ -1,0 +1,147 @@
+"""``StudyCalls``: every storage call a group leader makes during a run, one method each.
+
+The leader's ask and write threads (``run/_queue.py``), the keep-alive of its trials
+(heartbeats or leases), its sweeps of dead workers' trials and its checkpoint writes reach
+the study only through this object, and every method goes through ``_call``. A policy for
+the storage going away (retries with backoff, a grace after reconnecting) wraps ``_call``
+once instead of every call site.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+import contextlib
+import math
+from typing import Any
+from typing import ParamSpec
+from typing import TYPE_CHECKING
+from typing import TypeVar
+
+from optuna_hpcnas import _keys
+from optuna_hpcnas import _records
+from optuna_hpcnas.run._study import grace_period
+from optuna_hpcnas.run._study import recover_dead_trials
+
+if TYPE_CHECKING:
+    import optuna
+
+    from optuna_hpcnas.config import RunConfig
+    from optuna_hpcnas.evaluation import Decision
+    from optuna_hpcnas.evaluation import Outcome
+    from optuna_hpcnas.evaluation import TrialPlan
+    from optuna_hpcnas.search_space import Architecture
+
+P = ParamSpec("P")
+T = TypeVar("T")
+_WORST = {"maximize": -math.inf, "minimize": math.inf}
+
+
+class StudyCalls:
+    """The storage calls of one leader on its study.
+
+    Args:
+        study: The run's study (this leader's ``optuna.Study``).
+        config: The run configuration (budget, keep-alive and retry settings, the plan).
+    """
+
+    def __init__(self, study: optuna.Study, config: RunConfig) -> None:
+        self.study = study
+        self._config = config
+
+    def _call(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        """The one door to the storage (issue 23 wraps its retry policy around it)."""
+        return fn(*args, **kwargs)
+
+    # ------------------------------------------------------------------ taking a trial
+    def sweep(self) -> None:
+        """Fail and queue again the trials of dead workers (``run._study``)."""
+        self._call(recover_dead_trials, self.study, self._config)
+
+    def take(self) -> optuna.Trial | None:
+        """The next budget trial, popped atomically, or (no ``n_trials``) a new ask."""
+        if self._config.study.n_trials is None:
+            return self._call(self.study.ask)
+        return self._call(_records.pop_waiting_trial, self.study)
+
+    def keep_alive(self, trial: optuna.Trial) -> contextlib.ExitStack:
+        """Start ``trial``'s heartbeat (RDB storages) or lease (the others): a worker killed
+        at any point from now on leaves it recoverable. Close the stack to stop it."""
+        from optuna_hpcnas.storages import TrialLease
+
+        stack = contextlib.ExitStack()
+        if _records.has_heartbeat(trial.storage):
+            self._call(stack.enter_context, _records.heartbeat(trial))
+        else:
+            interval = float(self._config.checkpoints.heartbeat_interval)
+            lease = TrialLease(trial, interval=interval, grace_period=grace_period(self._config))
+            self._call(stack.enter_context, lease)
+        return stack
+
+    def record_architecture(self, trial: optuna.Trial, arch: Architecture) -> None:
+        self._call(_records.record_architecture, trial, arch)
+
+    def plan(self) -> TrialPlan:
+        """The plan of the next trial (reads the study's directions)."""
+        from optuna_hpcnas.evaluation import TrialPlan
+
+        c = self._config
+        return self._call(TrialPlan.for_study, self.study, c.objective, c.stages)
+
+    def population(self, size: int) -> list[Architecture]:
+        """The architectures of the last ``size`` complete trials."""
+        return self._call(_records.finished_architectures, self.study, size)
+
+    # ------------------------------------------------------------------ during a trial
+    def report(self, trial: optuna.Trial, plan: TrialPlan, epoch: int, value: float) -> Decision:
+        """Report one epoch and read the pruner's verdict."""
+        from optuna_hpcnas.evaluation import report_epoch
+
+        return self._call(report_epoch, trial, plan, epoch, value, None)
+
+    def constrain(self, trial: optuna.Trial, name: str, value: float) -> None:
+        self._call(trial.set_constraint, name, value)
+
+    # ------------------------------------------------------------------ ending a trial
+    def tell(
+        self,
+        trial: optuna.Trial,
+        outcome: Outcome,
+        *,
+        user: dict[str, Any],
+        system: dict[str, Any],
+    ) -> None:
+        """The trial's attributes (one transaction on RDB storages), then its state."""
+        from optuna.trial import TrialState
+
+        self._call(_records.set_trial_attrs, trial, user=user, system=system)
+        if outcome.state == "complete":
+            assert outcome.values is not None
+            self._call(self.study.tell, trial, list(outcome.values))
+        elif outcome.state == "pruned":
+            self._call(self.study.tell, trial, state=TrialState.PRUNED)
+        else:
+            self._call(self.study.tell, trial, state=TrialState.FAIL)
+
+    def tell_infeasible(self, trial: optuna.Trial, excess: int, reason: str) -> None:
+        """A layout larger than the group: the rank constraint > 0, the reason, and the worst
+        value per direction (no training)."""
+        # the space records the same constraint itself when it knows max_ranks
+        if _keys.CLUSTER_RANKS_CONSTRAINT not in trial.constraints:
+            self._call(trial.set_constraint, _keys.CLUSTER_RANKS_CONSTRAINT, float(excess))
+        self._call(_records.set_trial_system_attr, trial, _keys.DISTRIBUTED_INFEASIBLE, reason)
+        worst = [_WORST[d] for d in self._config.directions]
+        self._call(self.study.tell, trial, worst)
+
+    def give_back(self, trial: optuna.Trial) -> bool:
+        """Queue a trial asked but never started again, with its parameters; ``False`` when
+        it had finished meanwhile (another worker recovered it)."""
+        return self._call(_records.return_to_queue, trial)
+
+    # ------------------------------------------------------------------ checkpoints, records
+    def checkpoint(self, write: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        """A checkpoint write or read (``SupernetCheckpoints``: restore, save, after a trial,
+        the last save): blobs and their records go to the study's storage."""
+        return self._call(write, *args, **kwargs)
+
+    def store_utilisation(self, reports: list[dict[str, Any]]) -> None:
+        self._call(_records.store_utilisation, self.study, reports)
