@@ -3,8 +3,9 @@
 
     python bench/distributed_engines.py [--steps 30] [--batch 64] [--preset digits-small]
 
-Part 1 runs in this process: plain PyTorch (what ``run_search`` uses when dp = pp = 1) versus
-a DeepSpeed engine in a torch world of one rank (ZeRO 0 and ZeRO 1), fp32 and bf16 autocast.
+Part 1 runs in this process: plain PyTorch (the evaluation core's ``LocalEngine``, what
+``run_search`` uses when dp = pp = 1) versus a DeepSpeed engine in a torch world of one rank
+(ZeRO 0 and ZeRO 1), fp32 and bf16 autocast.
 Part 2 launches ``mpirun -n 4`` with this file as worker: data parallel 4 (ZeRO-1), pipeline
 4, and pipeline 2 x data 2, each against the same micro-batch size per replica. On a machine
 with fewer cores than ranks, ranks share cores (the figures are then relative only).
@@ -57,6 +58,25 @@ def batches(shape: tuple[int, ...], batch: int, replica: int, seed: int = 0) -> 
             yield x[i * batch : (i + 1) * batch], y[i * batch : (i + 1) * batch]
 
 
+class CoreSteps:
+    """The evaluation core's plain path (``LocalEngine``: how a run trains a candidate on one
+    rank), stepped like a ``TrainEngine``."""
+
+    def __init__(self, layers: list[Any], precision: str) -> None:
+        import torch
+
+        from optuna_hpcnas.evaluation import FineTuning
+        from optuna_hpcnas.evaluation import LocalEngine
+
+        tuning = FineTuning("adam", 1e-3, 0.9, 0.0, precision, 0.0)
+        model = torch.nn.Sequential(*layers)
+        self.session = LocalEngine().open(model, None, tuning)  # type: ignore[arg-type]
+
+    def train_step(self, stream: Any) -> float:
+        x, y = next(stream)
+        return self.session.step(x, y).loss
+
+
 def time_engine(engine: Any, stream: Any, steps: int, warmup: int = 3) -> tuple[float, float]:
     """(wall seconds, CPU seconds of this process) for ``steps`` training steps.
 
@@ -86,14 +106,15 @@ def part1(args: argparse.Namespace) -> list[tuple[str, str, float, float]]:
     group = form_groups(self_comm(), 1)
     world = TorchWorld(group, DistributedConfig(engine="deepspeed"), "cpu")
     world.ensure(1)  # a torch world of one rank for the DeepSpeed engines
-    engines = {}
+    engines: dict[tuple[str, str], tuple[Any, Any]] = {}
     for precision in ("fp32", "bf16"):
-        for label, kind, zero in (
-            ("plain PyTorch", "auto", 0),
-            ("DeepSpeed ZeRO-0", "deepspeed", 0),
-            ("DeepSpeed ZeRO-1", "deepspeed", 1),
-        ):
-            config = DistributedConfig(engine=kind, zero_stage=zero)
+        layers, shape, _ = subnet_layers(args.preset)
+        engines[(precision, "plain PyTorch")] = (
+            CoreSteps(layers, precision),
+            batches(shape, args.batch, 0),
+        )
+        for label, zero in (("DeepSpeed ZeRO-0", 0), ("DeepSpeed ZeRO-1", 1)):
+            config = DistributedConfig(engine="deepspeed", zero_stage=zero)
             layers, shape, _ = subnet_layers(args.preset)
             engine = build_engine(
                 layers,

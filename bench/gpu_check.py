@@ -4,7 +4,8 @@
    every trial's fine-tuning takes) against a plain PyTorch loop on the same subnet, fp32 and
    bf16 (``cifar-like``, 32x32, batch 256 on a GPU). Goal: >= 0.9x plain, bf16 >= 1.6x fp32.
 2. Several candidates on one device at once (one CUDA stream each) against one at a time.
-3. A one-rank DeepSpeed engine (``build_engine(engine="deepspeed")``) against plain PyTorch.
+3. A one-rank DeepSpeed engine (``build_engine(engine="deepspeed")``) against the evaluation
+   core's plain engine (``LocalEngine``, what a run uses for dp = pp = 1).
 
     bash bench/gpu_check.sh                       # on a GPU machine (under 8 minutes)
     bash bench/gpu_check.sh --device cpu --quick  # the CPU fallback CI runs (seconds)
@@ -123,6 +124,8 @@ def concurrent_candidates(args: argparse.Namespace, sync: Callable[[], None]) ->
 
 
 def deepspeed_vs_plain(args: argparse.Namespace, sync: Callable[[], None]) -> list[tuple]:
+    import copy
+
     import torch
 
     from optuna_hpcnas.distributed import DistributedConfig
@@ -130,29 +133,31 @@ def deepspeed_vs_plain(args: argparse.Namespace, sync: Callable[[], None]) -> li
     from optuna_hpcnas.distributed._engine import build_engine
     from optuna_hpcnas.distributed._engine import TorchWorld
     from optuna_hpcnas.distributed._groups import self_comm
+    from optuna_hpcnas.evaluation import FineTuning
+    from optuna_hpcnas.evaluation import LocalEngine
 
-    model, _, shape = _subnet(args.preset, args.image, 0)
+    model, arch, shape = _subnet(args.preset, args.image, 0)
     x = torch.randn(args.batch, *shape, device=args.device)
     y = torch.randint(0, 10, (args.batch,), device=args.device)
     group = form_groups(self_comm(), 1)
     world = TorchWorld(group, DistributedConfig(engine="deepspeed"), args.device)
     world.ensure(1)
-    rates = {}
     try:
-        for kind in ("auto", "deepspeed"):
-            engine = build_engine(
-                list(model.children()), torch.nn.CrossEntropyLoss(), data_parallel=1,
-                pipeline_stages=1, micro_batch_size=args.batch,
-                config=DistributedConfig(engine=kind), lr=1e-3, device=args.device,
-                precision="bf16",
-            )  # fmt: skip
-            stream = iter(lambda: (x, y), None)
-            rates[kind] = _rate(
-                lambda e=engine, b=stream: e.train_step(b), args.batch, args.seconds, sync
-            )
+        engine = build_engine(
+            list(copy.deepcopy(model).children()), torch.nn.CrossEntropyLoss(), data_parallel=1,
+            pipeline_stages=1, micro_batch_size=args.batch,
+            config=DistributedConfig(engine="deepspeed"), lr=1e-3, device=args.device,
+            precision="bf16",
+        )  # fmt: skip
+        stream = iter(lambda: (x, y), None)
+        deepspeed = _rate(lambda: engine.train_step(stream), args.batch, args.seconds, sync)
     finally:
         world.close()
-    return [("DeepSpeed 1-rank engine / plain PyTorch, bf16", rates["deepspeed"], rates["auto"])]
+    # the plain path of a run (dp = pp = 1): the evaluation core's LocalEngine
+    tuning = FineTuning("adam", 1e-3, 0.9, 0.0, "bf16", 0.0)
+    session = LocalEngine().open(copy.deepcopy(model).to(args.device), arch, tuning)
+    plain = _rate(lambda: session.step(x, y), args.batch, args.seconds, sync)
+    return [("DeepSpeed 1-rank engine / the core's plain engine, bf16", deepspeed, plain)]
 
 
 def main() -> None:

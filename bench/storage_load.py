@@ -27,7 +27,7 @@ from optuna_hpcnas.storages.testing import run_load_test
 
 # The journal file (no server) first: it is the peer every other row is compared with.
 BACKENDS = ("journal-file", "postgresql", "mysql", "journal-redis", "grpc")
-RUNS = (("evolution", 16, 50), ("qubo", 8, 20))
+RUNS = (("evolutionary", 16, 50), ("qubo", 8, 20))
 
 
 def main() -> None:
@@ -37,9 +37,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="4 x 5 and 2 x 5 (smoke test)")
     args = parser.parse_args()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    runs = (("evolution", 4, 5), ("qubo", 2, 5)) if args.quick else RUNS
+    runs = (("evolutionary", 4, 5), ("qubo", 2, 5)) if args.quick else RUNS
     header = (
-        f"{'backend':<14} {'sampler':<10} {'workers x trials':>16} {'COMPLETE':>9} "
+        f"{'backend':<14} {'sampler':<12} {'workers x trials':>16} {'COMPLETE':>9} "
         f"{'other':>6} {'repeats':>7} {'unique':>6} {'wall s':>7} {'trials/s':>8} "
         f"{'vs journal':>10} {'check':>6}"
     )
@@ -60,7 +60,7 @@ def main() -> None:
                 other = sum(v for k, v in r.states.items() if k != "COMPLETE")
                 ok = r.ok and r.repeated_architectures == 0
                 print(
-                    f"{kind:<14} {sampler:<10} {f'{n_workers} x {n_trials}':>16} "
+                    f"{kind:<14} {sampler:<12} {f'{n_workers} x {n_trials}':>16} "
                     f"{r.n_complete:>9} {other:>6} {r.repeated_architectures:>7} "
                     f"{r.n_unique_architectures:>6} {r.wall_s:7.1f} {r.trials_per_s:8.1f} "
                     f"{ratio} {'ok' if ok else 'FAIL':>6}",

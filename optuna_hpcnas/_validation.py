@@ -4,6 +4,7 @@ value."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from collections.abc import Sequence
 import math
 import numbers
@@ -12,6 +13,10 @@ from typing import Any
 # The largest seed anything here accepts: numpy's legacy RandomState (Optuna's samplers) takes
 # seeds below 2**32, and a group leader adds its group index to the sampler's seed.
 MAX_SEED = 2**31 - 1
+
+
+class ConfigError(ValueError):
+    """A run configuration that cannot be used (unknown key or value, wrong type)."""
 
 
 def check_int(
@@ -77,3 +82,8 @@ def check_number(
 def check_choice(name: str, value: Any, allowed: Sequence[str]) -> None:
     if value not in allowed:
         raise ValueError(f"`{name}` is {value!r}, but must be one of {list(allowed)}.")
+
+
+def check_table(name: str, value: Any) -> None:
+    if not isinstance(value, Mapping):
+        raise TypeError(f"`{name}` must be a table, but got {value!r}.")

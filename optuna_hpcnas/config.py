@@ -53,12 +53,14 @@ from optuna_hpcnas._validation import check_choice
 from optuna_hpcnas._validation import check_int
 from optuna_hpcnas._validation import check_number
 from optuna_hpcnas._validation import check_seed
+from optuna_hpcnas._validation import check_table
+from optuna_hpcnas._validation import ConfigError
 from optuna_hpcnas.checkpoints._config import CheckpointConfig
 from optuna_hpcnas.distributed._config import DistributedConfig
 from optuna_hpcnas.evaluation._config import DIRECTIONS as OBJECTIVE_DIRECTIONS
 from optuna_hpcnas.evaluation._config import ObjectiveConfig
+from optuna_hpcnas.samplers._config import SamplerConfig
 
-SAMPLERS = ("tpe", "random", "nsga2", "gp", "evolutionary", "qubo")
 PRUNERS = ("none", "median", "successive_halving", "hyperband", "staged")
 DIRECTIONS = ("maximize", "minimize")
 DATASETS = ("digits", "mnist1d", "sequence", "npz", "image_folder", "cifar10")
@@ -69,13 +71,8 @@ DEFAULT_STORAGE = "sqlite:///{name}.db"
 MAX_TRIALS = 100_000
 
 
-class ConfigError(ValueError):
-    """A run configuration that cannot be used (unknown key or value, wrong type)."""
-
-
 def _table(name: str, value: Any) -> None:
-    if not isinstance(value, Mapping):
-        raise TypeError(f"`{name}` must be a table, but got {value!r}.")
+    check_table(name, value)
 
 
 @dataclass(frozen=True)
@@ -169,49 +166,6 @@ class SpaceConfig:
             if isinstance(e, ConfigError):
                 raise
             raise ConfigError(f"[space] {e}") from None
-
-
-@dataclass(frozen=True)
-class SamplerConfig:
-    """``[sampler]``: ``name`` and ``seed``; ``kwargs`` go to the sampler's constructor."""
-
-    name: str = "evolutionary"
-    seed: int | None = None
-    kwargs: Mapping[str, Any] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        check_choice("name", self.name, SAMPLERS)
-        check_seed("seed", self.seed, allow_none=True)
-        _table("kwargs", self.kwargs)
-        object.__setattr__(self, "kwargs", dict(self.kwargs))
-
-    def build(self, *, seed_offset: int = 0) -> Any:
-        """The Optuna sampler (each group leader adds its group index to the seed, so
-        leaders do not propose the same candidates)."""
-        import optuna
-
-        seed = None if self.seed is None else self.seed + seed_offset
-        kwargs = dict(self.kwargs)
-        builtin = {
-            "tpe": optuna.samplers.TPESampler,
-            "random": optuna.samplers.RandomSampler,
-            "nsga2": optuna.samplers.NSGAIISampler,
-            "gp": optuna.samplers.GPSampler,
-        }
-        try:
-            if self.name in builtin:
-                return builtin[self.name](seed=seed, **kwargs)
-            from optuna_hpcnas import samplers
-
-            cls = {"evolutionary": samplers.EvolutionarySampler, "qubo": samplers.QUBOSampler}
-            return cls[self.name](seed=seed, **kwargs)
-        except ImportError as e:
-            raise ConfigError(
-                f"[sampler] name = {self.name!r} needs a missing package: {e} "
-                "(install optuna-hpcnas[qubo] for 'qubo')."
-            ) from None
-        except TypeError as e:
-            raise ConfigError(f"[sampler] kwargs: {e}") from None
 
 
 @dataclass(frozen=True)

@@ -41,23 +41,11 @@ def demo_plan() -> Any:
 
 
 def make_sampler(name: str, seed: int) -> optuna.samplers.BaseSampler:
-    """``tpe``, ``random``, ``nsga2`` or ``evolutionary`` (when that sampler is installed)."""
-    if name == "tpe":
-        return optuna.samplers.TPESampler(
-            seed=seed, multivariate=True, group=True, constant_liar=False
-        )
-    if name == "random":
-        return optuna.samplers.RandomSampler(seed=seed)
-    if name == "nsga2":
-        return optuna.samplers.NSGAIISampler(seed=seed)
-    if name == "evolutionary":
-        try:
-            from optuna_hpcnas.samplers import EvolutionarySampler
-        except ImportError as e:
-            raise ValueError("EvolutionarySampler is not available in this version.") from e
-        sampler: optuna.samplers.BaseSampler = EvolutionarySampler(seed=seed)
-        return sampler
-    raise ValueError(f"Unknown sampler {name!r}; use tpe, random, nsga2 or evolutionary.")
+    """The sampler ``name`` (``SamplerConfig``'s names); ``tpe`` is multivariate and grouped."""
+    from optuna_hpcnas.samplers import SamplerConfig
+
+    kwargs = {"multivariate": True, "group": True, "constant_liar": False} if name == "tpe" else {}
+    return SamplerConfig(name=name, seed=seed, kwargs=kwargs).build()
 
 
 def _objective(

@@ -1,6 +1,6 @@
-"""One training engine per candidate and group: plain PyTorch when the candidate runs on one
-rank, a DeepSpeed engine (data parallel, or ``PipelineModule`` stages x data parallel)
-otherwise.
+"""One DeepSpeed training engine per candidate and group (data parallel, or ``PipelineModule``
+stages x data parallel); a candidate on one rank trains in the evaluation core's own
+``LocalEngine`` instead (``GroupEngine`` chooses).
 
 The torch.distributed world of an engine is the set of ranks the candidate uses (the first
 ``dp x pp`` ranks of its group), not the MPI world: several groups then run independent
@@ -222,11 +222,13 @@ class _Autocast:
 
 
 class TrainEngine:
-    """A trainable copy of one candidate's layers on the ranks of its torch world.
+    """A DeepSpeed engine over copies of one candidate's layers on the ranks of its torch
+    world: data parallel (``kind == "data"``) or ``PipelineModule`` stages (``"pipeline"``).
 
     Build it with ``build_engine``. ``train_step`` runs one optimizer step and returns the
     loss; ``copy_back`` writes the trained weights into the original layers on the ranks
-    that hold them (``owner_of`` tells which group rank holds each layer).
+    that hold them (``owner_of`` tells which group rank holds each layer). A candidate on one
+    rank trains in the evaluation core's own ``LocalEngine`` instead.
     """
 
     def __init__(
@@ -235,49 +237,20 @@ class TrainEngine:
         kind: str,
         module: Any,
         copies: list[nn.Module],
-        optimizer: Any,
         loss_fn: Callable[..., torch.Tensor],
         owners: list[int],
         local_layers: range,
         micro_batches: int,
-        autocast_dtype: torch.dtype | None,
         device: str,
     ) -> None:
         self.kind = kind
         self._module = module
         self._copies = copies
-        self._optimizer = optimizer
         self._loss_fn = loss_fn
         self._owners = owners
         self._local = local_layers
         self.micro_batches = micro_batches
-        self._autocast = autocast_dtype
         self._device = device
-
-    @classmethod
-    def plain(
-        cls,
-        module: nn.Module,
-        copies: list[nn.Module],
-        optimizer: Any,
-        loss_fn: Callable[..., torch.Tensor],
-        autocast_dtype: torch.dtype | None,
-        device: str,
-    ) -> TrainEngine:
-        """Plain PyTorch on this rank (every layer local)."""
-        n = len(copies)
-        return cls(
-            kind="plain",
-            module=module,
-            copies=copies,
-            optimizer=optimizer,
-            loss_fn=loss_fn,
-            owners=[0] * n,
-            local_layers=range(n),
-            micro_batches=1,
-            autocast_dtype=autocast_dtype,
-            device=device,
-        )
 
     @property
     def owners(self) -> list[int]:
@@ -286,30 +259,16 @@ class TrainEngine:
 
     def set_lr(self, lr: float) -> None:
         """Set the learning rate of every parameter group (a stage of a staged plan)."""
-        optimizer = self._optimizer if self.kind == "plain" else self._module.optimizer
-        for group in optimizer.param_groups:
+        for group in self._module.optimizer.param_groups:
             group["lr"] = lr
 
     def train_step(self, batches: Iterator[Batch]) -> float:
-        """One micro-batch (plain, data parallel: an optimizer step every
-        ``micro_batches`` calls) or, for a pipeline, ``micro_batches`` of them and a step."""
-        import torch
-
+        """One micro-batch (data parallel: an optimizer step every ``micro_batches`` calls)
+        or, for a pipeline, ``micro_batches`` of them and a step."""
         if self.kind == "pipeline":
             return float(self._module.train_batch(data_iter=batches))
         x, y = next(batches)
         x, y = x.to(self._device), y.to(self._device)
-        if self.kind == "plain":
-            self._optimizer.zero_grad(set_to_none=True)
-            if self._autocast is not None:
-                with torch.autocast(device_type=self._device, dtype=self._autocast):
-                    out = self._module(x)
-                loss = self._loss_fn(out.float(), y)
-            else:
-                loss = self._loss_fn(self._module(x), y)
-            loss.backward()
-            self._optimizer.step()
-            return float(loss.detach())
         out = self._module(x)
         loss = self._loss_fn(out, y)
         self._module.backward(loss)
@@ -383,25 +342,20 @@ def build_engine(
     precision: str = "fp32",
     accumulation_steps: int | None = None,
 ) -> TrainEngine:
-    """An engine over copies of ``layers`` (the originals are left untouched until
+    """A DeepSpeed engine over copies of ``layers`` (the originals are left untouched until
     ``copy_back``). The torch world (``TorchWorld.ensure``) must already hold exactly
-    ``data_parallel * pipeline_stages`` ranks unless the plain path is used.
+    ``data_parallel * pipeline_stages`` ranks.
 
     ``accumulation_steps`` micro-batches of ``micro_batch_size`` make one optimizer step
     (DeepSpeed's ``gradient_accumulation_steps``; default: 2 x stages for a pipeline, 1
     otherwise).
     """
+    import deepspeed
     import torch
 
     autocast = _autocast_dtype(precision, device)
     n = len(layers)
     copies = [copy.deepcopy(layer).to(device) for layer in layers]
-    use_ds = config.engine == "deepspeed" or data_parallel * pipeline_stages > 1
-    if not use_ds:
-        module = torch.nn.Sequential(*copies)
-        opt = _optimizer(optimizer, list(module.parameters()), lr, weight_decay, momentum)
-        return TrainEngine.plain(module, copies, opt, loss_fn, autocast, device)
-    import deepspeed
 
     reset_deepspeed_groups()
     run_layers: list[nn.Module] = list(copies)
@@ -436,12 +390,10 @@ def build_engine(
         kind=kind,
         module=engine,
         copies=copies,
-        optimizer=None,
         loss_fn=loss_fn,
         owners=owners,
         local_layers=local,
         micro_batches=micro,
-        autocast_dtype=None,
         device=device,
     )
     result._zero3 = zero == 3

@@ -1,6 +1,6 @@
 """Load test of a storage, as Optuna tests its own: many worker processes on one study.
 
-``run_load_test(url, sampler="evolution", n_workers=16, n_trials=50)`` starts ``n_workers``
+``run_load_test(url, sampler="evolutionary", n_workers=16, n_trials=50)`` starts ``n_workers``
 processes (``multiprocessing`` spawn: a fresh interpreter each, as separate jobs would be),
 each opening ``url`` with :func:`open_storage` and running ``n_trials`` trials of the
 ``digits-small`` search space with a cheap deterministic objective (a hash of the
@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING
 import uuid
 
 from optuna_hpcnas import _keys
+from optuna_hpcnas.samplers import SamplerConfig
 from optuna_hpcnas.storages._open import describe_storage
 from optuna_hpcnas.storages._open import open_storage
 
@@ -43,7 +44,6 @@ if TYPE_CHECKING:
     from optuna_hpcnas.search_space import Architecture
     from optuna_hpcnas.search_space import HierarchicalSearchSpace
 
-SAMPLERS = ("evolution", "qubo", "random")
 _PRESET = "digits-small"
 
 
@@ -51,23 +51,6 @@ def architecture_score(arch: Architecture) -> float:
     """A deterministic value in [0, 1) per architecture (no training: the load is the storage)."""
     digest = hashlib.sha256(arch.to_json().encode()).digest()
     return int.from_bytes(digest[:8], "big") / 2.0**64
-
-
-def make_sampler(name: str, seed: int) -> optuna.samplers.BaseSampler:
-    """``"evolution"`` (EvolutionarySampler), ``"qubo"`` (QUBOSampler) or ``"random"``."""
-    import optuna
-
-    if name == "evolution":
-        from optuna_hpcnas.samplers import EvolutionarySampler
-
-        return EvolutionarySampler(seed=seed)
-    if name == "qubo":
-        from optuna_hpcnas.samplers import QUBOSampler
-
-        return QUBOSampler(seed=seed)
-    if name == "random":
-        return optuna.samplers.RandomSampler(seed=seed)
-    raise ValueError(f"`sampler` is {name!r}, but must be one of {', '.join(SAMPLERS)}.")
 
 
 def _objective(space: HierarchicalSearchSpace, worker: int, trial: optuna.Trial) -> float:
@@ -99,7 +82,7 @@ def _worker(
         study = optuna.load_study(
             study_name=study_name,
             storage=open_storage(url),
-            sampler=make_sampler(sampler, seed + index),
+            sampler=SamplerConfig(name=sampler, seed=seed + index).build(),
         )
         space = HierarchicalSearchSpace.preset(_PRESET)
         barrier.wait()
@@ -144,7 +127,7 @@ class LoadTestResult:
 def run_load_test(
     url: str,
     *,
-    sampler: str = "evolution",
+    sampler: str = "evolutionary",
     n_workers: int = 16,
     n_trials: int = 50,
     seed: int = 0,
@@ -163,7 +146,7 @@ def run_load_test(
             raise TypeError(f"`{name}` is {value!r}, but must be an int.")
         if value < 1:
             raise ValueError(f"`{name}` is {value}, but must be >= 1.")
-    make_sampler(sampler, seed)  # a bad name fails here, not in every worker
+    SamplerConfig(name=sampler, seed=seed)  # a bad name fails here, not in every worker
     study_name = f"load-{sampler}-{uuid.uuid4().hex[:8]}"
     optuna.create_study(storage=open_storage(url), study_name=study_name, direction="maximize")
     ctx = multiprocessing.get_context("spawn")

@@ -33,6 +33,6 @@ def test_demo_runs_end_to_end_into_sqlite(tmp_path) -> None:
 def test_demo_sampler_choices() -> None:
     assert isinstance(demo.make_sampler("tpe", 1), optuna.samplers.TPESampler)
     assert isinstance(demo.make_sampler("nsga2", 1), optuna.samplers.NSGAIISampler)
-    with pytest.raises(ValueError, match="Unknown sampler"):
+    with pytest.raises(ValueError, match="`name` is 'grid'"):
         demo.make_sampler("grid", 0)
     assert [s.name for s in demo.demo_plan().stages] == ["quick", "medium", "full"]

@@ -24,7 +24,7 @@ def test_gpu_check_cpu_fallback_prints_every_ratio() -> None:
         "core engine / plain PyTorch, fp32",
         "core engine / plain PyTorch, bf16",
         "core engine bf16 / fp32",
-        "DeepSpeed 1-rank engine / plain PyTorch, bf16",
+        "DeepSpeed 1-rank engine / the core's plain engine, bf16",
     ):
         line = next(line for line in out.splitlines() if line.startswith(check))
         ratio = float(re.search(r"([\d.]+)x$", line).group(1))  # type: ignore[union-attr]

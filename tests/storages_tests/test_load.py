@@ -20,12 +20,12 @@ from .conftest import backend_url
 @pytest.mark.parametrize(
     ("kind", "sampler"),
     [
-        ("journal-file", "evolution"),
+        ("journal-file", "evolutionary"),
         ("journal-file", "qubo"),
-        pytest.param("journal-redis", "evolution", marks=pytest.mark.services),
-        ("grpc", "evolution"),
-        pytest.param("postgresql", "evolution", marks=pytest.mark.services),
-        pytest.param("mysql", "evolution", marks=pytest.mark.services),
+        pytest.param("journal-redis", "evolutionary", marks=pytest.mark.services),
+        ("grpc", "evolutionary"),
+        pytest.param("postgresql", "evolutionary", marks=pytest.mark.services),
+        pytest.param("mysql", "evolutionary", marks=pytest.mark.services),
     ],
 )
 def test_workers_lose_and_repeat_nothing(
@@ -34,7 +34,7 @@ def test_workers_lose_and_repeat_nothing(
     url = backend_url(request, kind, tmp_path)
     # Past the samplers' random start (10 and 5 trials), so bred and solver-made proposals
     # are claimed too; QUBOSampler's solver is the slow part.
-    n_workers, n_trials = (4, 8) if sampler == "evolution" else (2, 6)
+    n_workers, n_trials = (4, 8) if sampler == "evolutionary" else (2, 6)
     result = run_load_test(
         url, sampler=sampler, n_workers=n_workers, n_trials=n_trials, timeout=300
     )
