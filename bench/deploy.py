@@ -87,9 +87,9 @@ def interleaved(
     import numpy as np
     import torch
 
-    from optuna_hpcnas.deploy._onnx import latency
-    from optuna_hpcnas.deploy._onnx import session
-    from optuna_hpcnas.deploy._onnx import throughput
+    from optuna_hpcnas.evaluation._onnx import latency
+    from optuna_hpcnas.evaluation._onnx import session
+    from optuna_hpcnas.evaluation._onnx import throughput
 
     sessions = {
         "ort FP32": session(out / "model.onnx"),

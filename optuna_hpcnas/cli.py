@@ -279,8 +279,8 @@ def _export_recipe(args: argparse.Namespace) -> Any:
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    from optuna_hpcnas._export import export_trial
-    from optuna_hpcnas._export import ExportError
+    from optuna_hpcnas.deploy._export import export_trial
+    from optuna_hpcnas.deploy._export import ExportError
     from optuna_hpcnas.run import configure_threads
 
     configure_threads(requested=None, ranks_on_node=1)

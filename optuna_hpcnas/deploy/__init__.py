@@ -11,7 +11,6 @@ from optuna_hpcnas.deploy._container import dockerfile
 from optuna_hpcnas.deploy._container import helm_chart
 from optuna_hpcnas.deploy._container import probe_timeout_seconds
 from optuna_hpcnas.deploy._holdout import split_holdout
-from optuna_hpcnas.deploy._onnx import onnx_latency
 from optuna_hpcnas.deploy._pipeline import deploy_model
 from optuna_hpcnas.deploy._pipeline import DeploymentRefused
 from optuna_hpcnas.deploy._pipeline import DeployReport
@@ -25,6 +24,7 @@ from optuna_hpcnas.deploy._serve import serve_command
 from optuna_hpcnas.deploy._serve import ServeLimits
 from optuna_hpcnas.deploy._targets import check_target
 from optuna_hpcnas.deploy._targets import tensorrt_available
+from optuna_hpcnas.evaluation._onnx import onnx_latency
 
 __all__ = [
     "DeployReport",

@@ -110,7 +110,7 @@ def deploy_trial(
     """Train ``arch`` (``hpcnas export``'s recipe), verify it on the held-out split against the
     search's estimate, and write the deployment into ``out`` (``deploy_model``; with
     ``standardise`` the models take raw data)."""
-    from optuna_hpcnas._export import trained_module
+    from optuna_hpcnas.deploy._export import trained_module
     from optuna_hpcnas.deploy._pipeline import deploy_model
     from optuna_hpcnas.search_space import HierarchicalSearchSpace
 

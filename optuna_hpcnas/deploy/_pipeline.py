@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from optuna_hpcnas.deploy import _onnx
 from optuna_hpcnas.deploy._container import dockerfile
 from optuna_hpcnas.deploy._container import helm_chart
 from optuna_hpcnas.deploy._container import probe_timeout_seconds
@@ -37,6 +36,7 @@ from optuna_hpcnas.deploy._preprocess import raw_inputs
 from optuna_hpcnas.deploy._preprocess import standardisation
 from optuna_hpcnas.deploy._targets import check_target
 from optuna_hpcnas.deploy._targets import tensorrt_available
+from optuna_hpcnas.evaluation import _onnx
 from optuna_hpcnas.search_space import target_profile
 
 if TYPE_CHECKING:

@@ -108,7 +108,7 @@ def describe_input(
 ) -> dict[str, Any]:
     """What the exported model takes (``report.json``'s and ``architecture.json``'s
     ``input``): tensor name, datatype and shape, and whether to send raw data."""
-    from optuna_hpcnas.deploy._onnx import INPUT_NAME
+    from optuna_hpcnas.evaluation._onnx import INPUT_NAME
 
     try:
         stats = standardisation(preprocessing, input_shape)

@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from optuna_hpcnas.deploy._onnx import INPUT_NAME
-from optuna_hpcnas.deploy._onnx import OUTPUT_NAME
+from optuna_hpcnas.evaluation._onnx import INPUT_NAME
+from optuna_hpcnas.evaluation._onnx import OUTPUT_NAME
 
 DATATYPE = "FP32"
 

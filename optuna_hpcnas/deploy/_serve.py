@@ -194,7 +194,7 @@ class _Batcher:
 
     def _run(self, x: np.ndarray) -> np.ndarray:
         """Logits of ``x`` in model calls of at most ``max_batch`` instances."""
-        from optuna_hpcnas.deploy import _onnx
+        from optuna_hpcnas.evaluation import _onnx
 
         outputs = []
         for start in range(0, len(x), self._max_batch):
@@ -240,8 +240,8 @@ class _Server:
     def __init__(
         self, model_dir: Path, *, name: str, model: str, limits: ServeLimits, threads: int
     ) -> None:
-        from optuna_hpcnas.deploy import _onnx
         from optuna_hpcnas.deploy._pipeline import load_report
+        from optuna_hpcnas.evaluation import _onnx
 
         report = load_report(model_dir)
         path = model_dir / _MODELS[model]
@@ -357,8 +357,8 @@ class _Server:
     async def v2_metadata(self, request: Request) -> Response:
         from starlette.responses import JSONResponse
 
-        from optuna_hpcnas.deploy._onnx import INPUT_NAME
-        from optuna_hpcnas.deploy._onnx import OUTPUT_NAME
+        from optuna_hpcnas.evaluation._onnx import INPUT_NAME
+        from optuna_hpcnas.evaluation._onnx import OUTPUT_NAME
 
         if (refused := self._unknown(request)) is not None:
             return refused

@@ -79,7 +79,7 @@ def check_target(onnx_path: str | Path, target: str) -> list[str]:
                     f"node {node.name!r} (Conv) has group={group}: target {target!r} runs no "
                     "grouped or depthwise convolutions"
                 )
-    from optuna_hpcnas.deploy._onnx import session
+    from optuna_hpcnas.evaluation._onnx import session
 
     try:
         sess = session(path)

@@ -512,7 +512,7 @@ class TrialEvaluator:
         is refitted on every such measurement so far, so it predicts the deployed speed."""
         import copy
 
-        from optuna_hpcnas.deploy import onnx_latency
+        from optuna_hpcnas.evaluation._onnx import onnx_latency
 
         cpu = copy.deepcopy(model).cpu().eval()
         seconds = onnx_latency(

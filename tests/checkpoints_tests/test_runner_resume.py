@@ -180,14 +180,14 @@ def test_killed_run_resumes_with_the_same_command(
     assert max(_checkpoints(url)) > max(saved_steps)
 
     # `hpcnas export --finetune` without --weights inherits the newest checkpoint's weights.
-    from optuna_hpcnas._export import trained_module
     from optuna_hpcnas.config import DataConfig
+    from optuna_hpcnas.deploy._export import trained_module
     from optuna_hpcnas.evaluation import ScratchTrainingConfig
     from optuna_hpcnas.search_space import Architecture
 
     arch = Architecture.from_json(study.best_trial.user_attrs[_keys.OBJECTIVE_ARCH])
     recipe = ScratchTrainingConfig(epochs=0, latency_repeats=0)
-    with caplog.at_level(logging.INFO, logger="optuna_hpcnas._export"):
+    with caplog.at_level(logging.INFO, logger="optuna_hpcnas.deploy._export"):
         trained_module(study, arch, DataConfig().load(), mode="finetune", recipe=recipe)
     newest = f"supernet.{max(_checkpoints(url)):010d}."
     assert f"Inherited weights from supernet checkpoint {newest}" in caplog.text

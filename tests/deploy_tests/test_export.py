@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from optuna_hpcnas._export import write_model_files
+from optuna_hpcnas.deploy._export import write_model_files
 
 torch = pytest.importorskip("torch")
 onnx = pytest.importorskip("onnx")
@@ -73,7 +73,7 @@ def test_export_handles_gru_and_conv1d(tmp_path: Path) -> None:
     ops = _onnx_matches_torch(net, tmp_path / "model.onnx", (40, 1))
     assert "GRU" in ops and "Conv" in ops
     # The file also quantizes as deploy does it (the GRU stays in float).
-    from optuna_hpcnas.deploy._onnx import quantize_int8
+    from optuna_hpcnas.evaluation._onnx import quantize_int8
 
     calibration = np.random.default_rng(1).standard_normal((16, 40, 1)).astype(np.float32)
     quantize_int8(tmp_path / "model.onnx", tmp_path / "model.int8.onnx", calibration)
@@ -111,7 +111,7 @@ def test_raw_input_export_puts_the_standardisation_first(tmp_path: Path) -> None
 
 
 def test_unreadable_standardisation_only_matters_when_applied(tmp_path: Path) -> None:
-    from optuna_hpcnas._export import ExportError
+    from optuna_hpcnas.deploy._export import ExportError
 
     net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(8, 3)).eval()
     odd = {"mean": "per sample", "std": 1.0}  # a factory's own notes, not statistics

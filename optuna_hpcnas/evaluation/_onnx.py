@@ -1,8 +1,10 @@
-"""ONNX side of deployment: FP32 export, INT8 static quantization, onnxruntime sessions,
-accuracy and latency measurement.
+"""A model in its deployed form: FP32 ONNX export, INT8 static quantization, onnxruntime
+sessions, accuracy, latency and throughput. The evaluation core measures a candidate's
+deployed latency with it (``onnx_latency``, ``[objective] latency = "onnx-int8"``);
+``optuna_hpcnas.deploy`` builds, verifies and serves the models with it.
 
-torch and onnxruntime are imported inside the functions: ``import optuna_hpcnas.deploy``
-stays light, and the server (which needs no torch) imports only onnxruntime.
+torch and onnxruntime are imported inside the functions: importing this module stays light,
+and the server (which needs no torch) imports only onnxruntime.
 """
 
 from __future__ import annotations

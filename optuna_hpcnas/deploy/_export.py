@@ -15,7 +15,7 @@ It is then scored on the held-out test split, which the search never saw. Files:
 * ``model.pt2`` — the trained subnet as a ``torch.export`` program
   (``torch.export.load(path).module()``: a runnable module, no class of ours, no pickle);
 * ``model.onnx`` — the same graph for ONNX runtimes, written by ``hpcnas deploy``'s exporter
-  (``optuna_hpcnas.deploy._onnx.export_onnx``: one export path for both commands).
+  (``optuna_hpcnas.evaluation._onnx.export_onnx``: one export path for both commands).
 
 Both take the model's own inputs (the task's standardised samples) unless ``input_form="raw"``
 puts the recorded standardisation in front of them; ``architecture.json`` says which. The
@@ -179,8 +179,8 @@ def write_model_files(
     recorded in ``preprocessing``."""
     import torch
 
-    from optuna_hpcnas.deploy._onnx import export_onnx
     from optuna_hpcnas.deploy._preprocess import model_for_export
+    from optuna_hpcnas.evaluation._onnx import export_onnx
 
     if input_form not in INPUTS:
         raise ExportError(f"`input_form` is {input_form!r}, but must be one of {list(INPUTS)}.")
