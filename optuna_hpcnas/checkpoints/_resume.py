@@ -110,6 +110,8 @@ class PreemptionGuard:
         signals: Signals handled (names or numbers).
         deadline: Seconds from the signal to the forced exit (at most 30).
         max_retry: Retries when the storage has no heartbeat callback of its own.
+        requeue: Fails the watched trial and queues its retry, given the trial and the
+            signal's name (default: ``mark_trial_for_retry`` with ``max_retry``).
 
     Example:
         .. code-block:: python
@@ -133,6 +135,7 @@ class PreemptionGuard:
         signals: Sequence[str | int] = ("SIGTERM", "SIGUSR1"),
         deadline: float = 25.0,
         max_retry: int | None = 3,
+        requeue: Callable[[optuna.Trial, str], object] | None = None,
     ) -> None:
         if checkpoint is not None and not callable(checkpoint):
             raise TypeError(f"`checkpoint` is {checkpoint!r}, but must be callable or None.")
@@ -152,6 +155,7 @@ class PreemptionGuard:
         self._signals = tuple(resolved)
         self._deadline = float(deadline)
         self._max_retry = max_retry
+        self._requeue = requeue
         self._previous: dict[signal.Signals, Any] = {}
         self._received: signal.Signals | None = None
         self._trial: optuna.Trial | None = None
@@ -161,10 +165,17 @@ class PreemptionGuard:
 
     @classmethod
     def from_config(
-        cls, config: CheckpointConfig, *, checkpoint: Callable[[], object] | None = None
+        cls,
+        config: CheckpointConfig,
+        *,
+        checkpoint: Callable[[], object] | None = None,
+        requeue: Callable[[optuna.Trial, str], object] | None = None,
     ) -> PreemptionGuard:
         return cls(
-            checkpoint=checkpoint, deadline=config.exit_deadline, max_retry=config.max_retry
+            checkpoint=checkpoint,
+            deadline=config.exit_deadline,
+            max_retry=config.max_retry,
+            requeue=requeue,
         )
 
     @property
@@ -237,6 +248,9 @@ class PreemptionGuard:
     def _retry_trial(self) -> None:
         trial = self._trial
         if trial is None or self._received is None:
+            return
+        if self._requeue is not None:
+            self._requeue(trial, self._received.name)
             return
         mark_trial_for_retry(
             trial.study,

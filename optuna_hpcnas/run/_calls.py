@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from optuna_hpcnas.evaluation import Outcome
     from optuna_hpcnas.evaluation import TrialPlan
     from optuna_hpcnas.search_space import Architecture
+    from optuna_hpcnas.search_space import HierarchicalSearchSpace
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -76,6 +77,10 @@ class StudyCalls:
             lease = TrialLease(trial, interval=interval, grace_period=grace_period(self._config))
             self._call(stack.enter_context, lease)
         return stack
+
+    def suggest(self, space: HierarchicalSearchSpace, trial: optuna.Trial) -> Architecture:
+        """The trial's architecture: the sampler runs, and the parameters are written."""
+        return self._call(space.suggest, trial)
 
     def record_architecture(self, trial: optuna.Trial, arch: Architecture) -> None:
         self._call(_records.record_architecture, trial, arch)
@@ -131,6 +136,15 @@ class StudyCalls:
         self._call(_records.set_trial_system_attr, trial, _keys.DISTRIBUTED_INFEASIBLE, reason)
         worst = [_WORST[d] for d in self._config.directions]
         self._call(self.study.tell, trial, worst)
+
+    def requeue(self, trial: optuna.Trial, reason: str) -> bool:
+        """Fail a running trial and queue its retry at once (a signal stopped the worker)."""
+        from optuna_hpcnas.checkpoints import mark_trial_for_retry
+
+        max_retry = self._config.checkpoints.max_retry
+        return self._call(
+            mark_trial_for_retry, self.study, trial._trial_id, reason=reason, max_retry=max_retry
+        )
 
     def give_back(self, trial: optuna.Trial) -> bool:
         """Queue a trial asked but never started again, with its parameters; ``False`` when

@@ -147,7 +147,7 @@ class _Asker:
             started = time.perf_counter()
             try:
                 with tracker.track("sampler"):
-                    arch = self._space.suggest(trial)
+                    arch = self._calls.suggest(self._space, trial)
                 if self._observe_ask is not None:
                     self._observe_ask(time.perf_counter() - started)
                 with tracker.track("storage"):

@@ -150,7 +150,7 @@ def _run(
             _warm_up(config, objective, checkpoints, comm.Get_rank())
     averager = _averager(config, group, objective, tracker)
     engine = GroupEngine(group, config.distributed, device, batch_size=config.objective.batch_size)
-    guard = _guard(config, checkpoints)
+    guard = _guard(config, calls, checkpoints)
     queue = None
     if calls is not None:
         queue = LeaderQueue(
@@ -258,11 +258,15 @@ def _averager(
     )
 
 
-def _guard(config: RunConfig, checkpoints: SupernetCheckpoints | None) -> PreemptionGuard:
+def _guard(
+    config: RunConfig, calls: StudyCalls | None, checkpoints: SupernetCheckpoints | None
+) -> PreemptionGuard:
+    """SIGTERM/SIGUSR1: checkpoint, fail the leader's running trial and queue its retry."""
     from optuna_hpcnas.checkpoints import PreemptionGuard
 
     save = checkpoints.save if checkpoints is not None else None
-    return PreemptionGuard.from_config(config.checkpoints, checkpoint=save)
+    requeue = calls.requeue if calls is not None else None
+    return PreemptionGuard.from_config(config.checkpoints, checkpoint=save, requeue=requeue)
 
 
 def _hooks(

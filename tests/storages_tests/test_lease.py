@@ -213,3 +213,37 @@ def test_worker_killed_right_after_the_ask_is_recovered(
     trials = study.get_trials(deepcopy=False)
     assert [t.state for t in trials] == [TrialState.FAIL, TrialState.COMPLETE]
     assert trials[1].params == {"x": 0.75} and trials[1].value == 0.75
+
+
+@pytest.mark.filterwarnings("ignore:Heartbeat of storage is supposed to be used")
+def test_fail_and_requeue_is_the_one_retry_of_sweeps_and_signals(tmp_path: Path) -> None:
+    """A swept and a preempted trial are failed and retried by one function: the reason on
+    the failed trial only, the storage's own retry callback (its max_retry) when it has one,
+    one winner when two callers race."""
+    from optuna_hpcnas.checkpoints import mark_trial_for_retry
+    from optuna_hpcnas.storages import fail_and_requeue
+
+    url = f"sqlite:///{tmp_path / 'retry.db'}"
+    storage = open_storage(url, heartbeat_interval=60, max_retry=1)
+    study = optuna.create_study(storage=storage, study_name="retry")
+    trial = study.ask(_X)
+    assert mark_trial_for_retry(study, trial._trial_id, reason="SIGTERM", max_retry=5)
+    assert not mark_trial_for_retry(study, trial._trial_id, reason="SIGTERM")  # finished
+    failed, retry = study.get_trials()
+    assert failed.state == TrialState.FAIL
+    assert failed.system_attrs[_keys.CHECKPOINT_PREEMPTED] == "SIGTERM"
+    assert retry.state == TrialState.WAITING and retry.params == failed.params
+    assert _keys.CHECKPOINT_PREEMPTED not in retry.system_attrs
+    assert RetryHeartbeatStaleTrialCallback.retried_trial_number(retry) == failed.number
+
+    again = study.ask()  # the retry, run and lost again: the storage allows one retry only
+    assert again.number == retry.number
+    won = [
+        fail_and_requeue(
+            study, again._trial_id, reason_key=_keys.STORAGES_RECOVERED, reason=r, max_retry=9
+        )
+        for r in ("sweep a", "sweep b")
+    ]
+    assert won == [True, False]
+    assert [t.state for t in study.get_trials()] == [TrialState.FAIL, TrialState.FAIL]
+    assert study.trials[1].system_attrs[_keys.STORAGES_RECOVERED] == "sweep a"

@@ -291,3 +291,46 @@ def test_a_writer_waits_for_the_sqlite_lock_and_gives_up_at_its_timeout(tmp_path
     release.join()
     assert 0.05 < waited < 5
     assert holder.execute("SELECT count(*) FROM t").fetchone()[0] == 1
+
+
+def test_heartbeat_storage_is_built_by_the_one_rdb_constructor(tmp_path: Path) -> None:
+    """``checkpoints.heartbeat_storage`` and ``open_storage`` build the same SQLite storage:
+    the write lock taken when a transaction begins, the write-ahead log on a local disk, the
+    same lock timeout, heartbeats with Optuna's retry callback."""
+    import sqlalchemy
+
+    from optuna_hpcnas.checkpoints import CheckpointConfig
+    from optuna_hpcnas.checkpoints import heartbeat_storage
+    from optuna_hpcnas.storages import SQLITE_TIMEOUT
+    from optuna_hpcnas.storages._open import on_local_filesystem
+
+    config = CheckpointConfig(heartbeat_interval=5, grace_period=20, max_retry=2)
+    for name, storage in (
+        ("a", heartbeat_storage(f"sqlite:///{tmp_path / 'a.db'}", config)),
+        ("b", open_storage(f"sqlite:///{tmp_path / 'b.db'}", heartbeat_interval=5,
+                           grace_period=20, max_retry=2)),
+    ):  # fmt: skip
+        engine = storage.engine  # type: ignore[attr-defined]
+        with engine.connect() as conn:
+            mode = conn.execute(sqlalchemy.text("PRAGMA journal_mode")).scalar()
+            timeout = conn.execute(sqlalchemy.text("PRAGMA busy_timeout")).scalar()
+        local = on_local_filesystem(str(tmp_path / f"{name}.db"))
+        assert mode == ("wal" if local else "delete"), name
+        assert timeout == int(SQLITE_TIMEOUT * 1000), name
+        assert storage.heartbeat_interval == 5 and storage.grace_period == 20  # type: ignore[attr-defined]
+        callback = storage.get_heartbeat_stale_trial_callback()  # type: ignore[attr-defined]
+        assert isinstance(callback, optuna.storages.RetryHeartbeatStaleTrialCallback)
+
+
+def test_a_reader_never_creates_a_storage(tmp_path: Path) -> None:
+    from optuna_hpcnas.storages import StorageError
+
+    for url, problem in (
+        (f"sqlite:///{tmp_path / 'absent.db'}", "no such SQLite file"),
+        (str(tmp_path / "absent.journal"), "no such journal file"),
+    ):
+        with pytest.raises(StorageError, match=problem):
+            open_storage(url, must_exist=True)
+    assert os.listdir(tmp_path) == []
+    open_storage(f"sqlite:///{tmp_path / 'new.db'}")  # a writer creates it
+    open_storage(f"sqlite:///{tmp_path / 'new.db'}", must_exist=True)
