@@ -26,6 +26,8 @@ if TYPE_CHECKING:
     import optuna
     from optuna.trial import FrozenTrial
 
+    from optuna_hpcnas.search_space import HierarchicalSearchSpace
+
 # Optuna's prefix of artifact records in study/trial system attributes (optuna.artifacts).
 OPTUNA_ARTIFACTS_PREFIX = "artifacts:"
 
@@ -113,6 +115,73 @@ def set_trial_attrs(
     if cached is not None:
         cached.user_attrs.update(user)
         cached.system_attrs.update(system)
+
+
+def suggest_architecture(space: HierarchicalSearchSpace, trial: optuna.Trial) -> Architecture:
+    """``space.suggest(trial)``, then ``record_architecture``: on an RDB storage the
+    parameters and the record are written in one transaction at the end (Optuna commits every
+    ``trial.suggest_*`` on its own: a dozen commits per ask of a NAS space, each a round trip
+    to a server or a turn of SQLite's one write lock); elsewhere one write each, as they come.
+    A trial finished meanwhile (another worker's sweep) raises ``UpdateFinishedTrialError``
+    there and nothing of it is written."""
+    rdb = _rdb_storage(trial.storage)
+    if rdb is None:
+        arch = space.suggest(trial)
+        record_architecture(trial, arch)
+        return arch
+    storage = trial.storage
+    held = _HeldParams(storage)
+    trial.storage = held  # type: ignore[assignment]  # only Trial._suggest writes through it
+    try:
+        arch = space.suggest(trial)
+    finally:
+        trial.storage = storage
+    user = {
+        _keys.OBJECTIVE_ARCH: arch.to_json(),
+        _keys.OBJECTIVE_ARCH_DESCRIPTION: arch.describe(),
+    }
+    _write_params_and_attrs(rdb, trial, held.params, user)
+    return arch
+
+
+class _HeldParams:
+    """A trial's storage that keeps the parameters ``Trial._suggest`` sets (in order) instead
+    of writing each; everything else goes to the storage."""
+
+    def __init__(self, storage: Any) -> None:
+        self._storage = storage
+        self.params: list[tuple[str, float, Any]] = []
+
+    def set_trial_param(self, trial_id: int, name: str, value: float, distribution: Any) -> None:
+        self.params.append((name, value, distribution))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._storage, name)
+
+
+def _write_params_and_attrs(
+    rdb: Any,
+    trial: optuna.Trial,
+    params: list[tuple[str, float, Any]],
+    user: Mapping[str, Any],
+) -> None:
+    from optuna.storages._rdb import models
+    from optuna.storages._rdb.storage import _create_scoped_session
+
+    # Optuna's cache of each parameter's distribution in the study (as its set_trial_param)
+    studies = getattr(trial.storage, "_studies", None)
+    known = studies[trial.study._study_id].param_distribution if studies else {}
+    with _create_scoped_session(rdb.scoped_session, True) as session:
+        for name, value, distribution in params:
+            rdb._set_trial_param_without_commit(
+                session, trial._trial_id, name, value, distribution, known.get(name)
+            )
+        for key, value in user.items():
+            model = models.TrialUserAttributeModel
+            rdb._set_trial_attr_without_commit(session, model, trial._trial_id, key, value)
+    for name, _, distribution in params:
+        known.setdefault(name, distribution)
+    trial._cached_frozen_trial.user_attrs.update(user)
 
 
 def _rdb_storage(storage: Any) -> Any:

@@ -79,11 +79,9 @@ class StudyCalls:
         return stack
 
     def suggest(self, space: HierarchicalSearchSpace, trial: optuna.Trial) -> Architecture:
-        """The trial's architecture: the sampler runs, and the parameters are written."""
-        return self._call(space.suggest, trial)
-
-    def record_architecture(self, trial: optuna.Trial, arch: Architecture) -> None:
-        self._call(_records.record_architecture, trial, arch)
+        """The trial's architecture: the sampler runs; its parameters and the architecture
+        record are written together (one transaction on RDB storages)."""
+        return self._call(_records.suggest_architecture, space, trial)
 
     def plan(self) -> TrialPlan:
         """The plan of the next trial (reads the study's directions)."""

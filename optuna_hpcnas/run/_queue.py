@@ -150,8 +150,6 @@ class _Asker:
                     arch = self._calls.suggest(self._space, trial)
                 if self._observe_ask is not None:
                     self._observe_ask(time.perf_counter() - started)
-                with tracker.track("storage"):
-                    self._calls.record_architecture(trial, arch)
             except UpdateFinishedTrialError:
                 # A sweep took the trial for a dead worker's before its first heartbeat or
                 # lease renewal, and queued its retry: leave both to the others.

@@ -255,18 +255,17 @@ def rdb_storage(
     kwargs = dict(engine_kwargs or {})
     if kind == "sqlite":
         kwargs.setdefault("connect_args", {"timeout": SQLITE_TIMEOUT})
-    heartbeat: dict[str, Any] = {}
-    if heartbeat_interval is not None:
-        heartbeat = {
-            "heartbeat_interval": heartbeat_interval,
-            "grace_period": grace_period,
-            "heartbeat_stale_trial_callback": RetryHeartbeatStaleTrialCallback(
-                max_retry=max_retry
-            ),
-        }
     with warnings.catch_warnings():
         # Heartbeats are marked experimental since Optuna 2.9; this is the supported use.
         warnings.simplefilter("ignore", ExperimentalWarning)
+        heartbeat: dict[str, Any] = {}
+        if heartbeat_interval is not None:
+            retry = RetryHeartbeatStaleTrialCallback(max_retry=max_retry)
+            heartbeat = {
+                "heartbeat_interval": heartbeat_interval,
+                "grace_period": grace_period,
+                "heartbeat_stale_trial_callback": retry,
+            }
         storage = optuna.storages.RDBStorage(url, engine_kwargs=kwargs, **heartbeat)
     if kind == "sqlite":
         path = sqlite_file(url)

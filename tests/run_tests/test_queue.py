@@ -68,8 +68,7 @@ def test_every_storage_call_of_the_leaders_threads_goes_through_study_calls(
         "recover_dead_trials",  # the sweep
         "pop_waiting_trial",  # the budget trial
         "ExitStack.enter_context",  # its heartbeat
-        "HierarchicalSearchSpace.suggest",  # the sampler and the parameters it writes
-        "record_architecture",
+        "suggest_architecture",  # the sampler, its parameters and the architecture record
         "TrialPlan.for_study",
         "finished_architectures",  # the population
         "report_epoch",  # a report and the pruner's verdict

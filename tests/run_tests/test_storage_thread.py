@@ -10,6 +10,7 @@ import time
 import optuna
 import pytest
 
+from optuna_hpcnas import _keys
 from optuna_hpcnas import _records
 from optuna_hpcnas.distributed import UtilisationTracker
 from optuna_hpcnas.run._storage_thread import StorageThread
@@ -68,7 +69,7 @@ def test_drain_is_counted_as_drain_outside_the_loop_window() -> None:
     thread = StorageThread(tracker)
     with tracker.loop():
         with tracker.track("compute"):
-            time.sleep(0.05)
+            time.sleep(0.5)  # long beside the loop's own bookkeeping, even on a loaded machine
         thread.submit(time.sleep, 0.05)
     thread.drain()
     report = tracker.report()
@@ -133,3 +134,44 @@ def test_attributes_in_one_write_are_read_back_and_refused_once_finished(
     assert frozen.user_attrs == {"kept": 3, "flops": 2.5} and frozen.system_attrs["g"] == [1, 2]
     with pytest.raises(UpdateFinishedTrialError):
         _records.set_trial_attrs(trial, user={"late": 1}, system={})
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "journal"])
+def test_an_ask_writes_its_parameters_and_architecture_at_once(tmp_path: Path, kind: str) -> None:
+    """``_records.suggest_architecture`` stores what ``space.suggest`` and
+    ``record_architecture`` store, in one transaction on an RDB storage."""
+    import sqlalchemy
+
+    from optuna_hpcnas import HierarchicalSearchSpace
+
+    space = HierarchicalSearchSpace.preset("digits-small")
+    stored = []
+    for batched in (False, True):
+        storage: optuna.storages.BaseStorage
+        if kind == "sqlite":
+            storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path / f'{batched}.db'}")
+        else:
+            path = str(tmp_path / f"{batched}.log")
+            storage = optuna.storages.JournalStorage(
+                optuna.storages.journal.JournalFileBackend(path)
+            )
+        study = optuna.create_study(storage=storage, sampler=optuna.samplers.RandomSampler(3))
+        begins: list[int] = []
+        if kind == "sqlite":
+            engine = storage.engine  # type: ignore[attr-defined]
+            sqlalchemy.event.listen(engine, "begin", lambda conn, b=begins: b.append(1))
+        trial = study.ask()
+        begins.clear()
+        if batched:
+            arch = _records.suggest_architecture(space, trial)
+        else:
+            arch = space.suggest(trial)
+            _records.record_architecture(trial, arch)
+        study.tell(trial, 0.5)
+        (frozen,) = study.get_trials()
+        stored.append((arch, frozen.params, frozen.distributions, frozen.user_attrs, len(begins)))
+    (arch, params, dists, attrs, plain), (arch2, params2, dists2, attrs2, once) = stored
+    assert (arch, params, dists, attrs) == (arch2, params2, dists2, attrs2)
+    assert attrs[_keys.OBJECTIVE_ARCH] == arch.to_json() and len(params) > 5
+    if kind == "sqlite":
+        assert once <= plain - (len(params) - 1), (plain, once)
