@@ -132,18 +132,22 @@ class _Asker:
         return asking.result()
 
     def _take(self, told: Future[None] | None) -> Taken | None:
-        """The next feasible trial of the study (its error, if any, is raised by the write
-        thread's own check)."""
+        """The next feasible trial of the study. The sampler runs once ``told`` (the last
+        tell queued) is written (its error, if any, is raised by the write thread's own
+        check); a budget trial is popped while that tell is still being written, as popping
+        involves no sampler."""
         from optuna.exceptions import UpdateFinishedTrialError
 
         tracker = self.thread.tracker
-        if told is not None:
-            with tracker.track("storage"):
-                wait_futures([told])
+        if self._config.study.n_trials is None:  # study.ask() runs the sampler's hooks
+            self._wait(told)
+            told = None
         while True:
             trial = self._pop()
             if trial is None:
                 return None
+            self._wait(told)
+            told = None
             started = time.perf_counter()
             try:
                 with tracker.track("sampler"):
@@ -164,6 +168,11 @@ class _Asker:
                 continue
             with tracker.track("storage"):
                 return Taken(trial, arch, self._calls.plan(), self._population())
+
+    def _wait(self, told: Future[None] | None) -> None:
+        if told is not None:
+            with self.thread.tracker.track("storage"):
+                wait_futures([told])
 
     def _population(self) -> list[Architecture] | None:
         objective = self._config.objective
