@@ -41,6 +41,7 @@ from optuna.trial import TrialState
 
 from optuna_hpcnas import _keys
 from optuna_hpcnas._records import process_constraints_after_trial
+from optuna_hpcnas._validation import check_int
 from optuna_hpcnas.samplers import _proposals
 from optuna_hpcnas.samplers._independent import PerTrialRandomSampler
 from optuna_hpcnas.samplers._ranking import constraint_target
@@ -62,13 +63,6 @@ if TYPE_CHECKING:
 _logger = logging.getLogger(__name__)
 
 _SURROGATES = {"bayes": BayesianQuadratic, "fm": FactorizationMachine}
-
-
-def _check_int(name: str, value: Any, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"`{name}` must be an int, but got {value!r}.")
-    if value < minimum:
-        raise ValueError(f"`{name}` is {value}, but must be >= {minimum}.")
 
 
 @dataclass(frozen=True)
@@ -237,12 +231,12 @@ class QUBOSampler(BaseSampler):
             raise TypeError(f"`constraints_func` must be callable, but got {constraints_func!r}.")
         self._constraints_func = constraints_func
         if seed is not None:
-            _check_int("seed", seed, 0)
-        _check_int("n_startup_trials", n_startup_trials, 0)
-        _check_int("max_binary_variables", max_binary_variables, 1)
-        _check_int("num_reads", num_reads, 1)
+            check_int("seed", seed, 0)
+        check_int("n_startup_trials", n_startup_trials, 0)
+        check_int("max_binary_variables", max_binary_variables, 1)
+        check_int("num_reads", num_reads, 1)
         if discretize_floats is not None:
-            _check_int("discretize_floats", discretize_floats, 2)
+            check_int("discretize_floats", discretize_floats, 2)
         if isinstance(surrogate, str):
             if surrogate not in _SURROGATES:
                 raise ValueError(

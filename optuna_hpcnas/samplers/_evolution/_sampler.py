@@ -18,6 +18,7 @@ from optuna.samplers import BaseSampler
 
 from optuna_hpcnas import _keys
 from optuna_hpcnas._records import process_constraints_after_trial
+from optuna_hpcnas._validation import check_int
 from optuna_hpcnas.samplers import _proposals
 from optuna_hpcnas.samplers._evolution import _variation
 from optuna_hpcnas.samplers._evolution._cache import StudyCache
@@ -58,14 +59,6 @@ _POOL_MAX = 4_000
 _POOL_PARENTS = 1
 # Observations the surrogate is fitted on (the newest); its fit is cubic in their number.
 _MAX_OBSERVATIONS = 300
-
-
-def _check_int(name: str, value: Any, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"`{name}` must be an int, but got {value!r}.")
-    if value < minimum:
-        raise ValueError(f"`{name}` is {value}, but must be >= {minimum}.")
-    return int(value)
 
 
 def _check_probability(name: str, value: Any) -> float:
@@ -193,10 +186,12 @@ class EvolutionarySampler(BaseSampler):
         constraints_func: Callable[[FrozenTrial], Sequence[float]] | None = None,
         seed: int | None = None,
     ) -> None:
-        self._population_size = _check_int("population_size", population_size, 2)
+        check_int("population_size", population_size, 2)
+        self._population_size = int(population_size)
         if tournament_size is None:
             tournament_size = max(2, self._population_size // 4)
-        self._tournament_size = _check_int("tournament_size", tournament_size, 1)
+        check_int("tournament_size", tournament_size, 1)
+        self._tournament_size = int(tournament_size)
         if self._tournament_size > self._population_size:
             raise ValueError(
                 f"`tournament_size` is {tournament_size}, but must be <= `population_size` "
@@ -211,7 +206,8 @@ class EvolutionarySampler(BaseSampler):
         self._level_weights = self._check_level_weights(level_weights)
         if n_startup_trials is None:
             n_startup_trials = max(2, self._population_size // 2)
-        self._n_startup_trials = _check_int("n_startup_trials", n_startup_trials, 1)
+        check_int("n_startup_trials", n_startup_trials, 1)
+        self._n_startup_trials = int(n_startup_trials)
         self._consider_pruned = _check_bool("consider_pruned_trials", consider_pruned_trials)
         self._avoid_duplicates = _check_bool("avoid_duplicates", avoid_duplicates)
         if independent_sampler is not None and not isinstance(independent_sampler, BaseSampler):
