@@ -628,12 +628,13 @@ def _cmd_run(args: argparse.Namespace, *, resume: bool) -> int:
 
 
 def _load_data(config: Any) -> Any:
-    """The task of ``[data]`` (every rank loads its own), or one ``CLIError`` line: a
-    ``DataError`` (a ValueError naming the file), ``TaskData.check``'s ValueError (a sample of
-    the wrong shape, a bad label) or an OSError of the files."""
+    """The task of ``[data]`` (every rank loads its own), or its ``DataError`` as one
+    ``CLIError`` line."""
+    from optuna_hpcnas.data import DataError
+
     try:
         return config.load()
-    except (ValueError, OSError) as e:
+    except DataError as e:
         raise CLIError(f"[data] {e}") from None
 
 

@@ -37,7 +37,22 @@ class DataError(ValueError):
 
 
 def load_task(config: Any) -> TaskData:
-    """The ``TaskData`` a ``DataConfig`` describes (see ``optuna_hpcnas.config.DataConfig``)."""
+    """The ``TaskData`` a ``DataConfig`` describes (see ``optuna_hpcnas.config.DataConfig``).
+
+    Every problem of the data is a ``DataError`` naming it: the readers' own, a file the
+    system cannot read (``OSError``), a sample or label ``TaskData.check`` refuses.
+    """
+    try:
+        task = _load(config)
+        task.check()
+    except DataError:
+        raise
+    except (OSError, ValueError) as e:
+        raise DataError(str(e)) from None
+    return task
+
+
+def _load(config: Any) -> TaskData:
     v = config.validation_fraction
     if config.factory is not None:
         task = _from_factory(config.factory, seed=config.seed, kwargs=config.factory_kwargs)
@@ -75,7 +90,6 @@ def load_task(config: Any) -> TaskData:
         )
     if config.max_samples is not None and len(task.train) > config.max_samples:  # type: ignore[arg-type]
         task = _limit(task, config.max_samples)
-    task.check()
     return task
 
 

@@ -104,12 +104,13 @@ def launch(config: RunConfig, *, resume: bool, progress: bool = True) -> Launche
 
 
 def _load_data(config: RunConfig) -> TaskData:
-    """The task of ``[data]`` (every rank loads its own), or one ``LaunchError`` line: a
-    ``DataError`` (a ValueError naming the file), ``TaskData.check``'s ValueError (a sample of
-    the wrong shape, a bad label) or an OSError of the files."""
+    """The task of ``[data]`` (every rank loads its own), or its ``DataError`` as one
+    ``LaunchError`` line."""
+    from optuna_hpcnas.data import DataError
+
     try:
         return config.data.load()
-    except (ValueError, OSError) as e:
+    except DataError as e:
         raise LaunchError(f"[data] {e}") from None
 
 
