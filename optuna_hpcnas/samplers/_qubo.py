@@ -47,6 +47,7 @@ from optuna_hpcnas.samplers._independent import PerTrialRandomSampler
 from optuna_hpcnas.samplers._ranking import constraint_target
 from optuna_hpcnas.samplers._ranking import feasibility_keys
 from optuna_hpcnas.samplers._ranking import normal_scores
+from optuna_hpcnas.samplers._threads import AskThreads
 from optuna_hpcnas.search_space import HierarchicalSearchSpace
 from qubo import BayesianQuadratic
 from qubo import conditional_pairs
@@ -181,6 +182,8 @@ class QUBOSampler(BaseSampler):
         constraints_func: Optional function of a finished ``FrozenTrial`` returning its
             constraint values (feasible when all are <= 0), stored as Optuna's own samplers
             store it; ``trial.set_constraint`` values are used the same way.
+        threads: BLAS/OpenMP threads of an ask (fit and annealing), set with
+            ``threadpoolctl`` while it runs; one by default, as asks run beside training.
 
     The surrogate never sees raw objective values: it is fitted to the normal scores of the
     order of the complete trials, feasible ones by value first, then infeasible ones by total
@@ -226,6 +229,7 @@ class QUBOSampler(BaseSampler):
         discretize_floats: int | None = None,
         independent_sampler: BaseSampler | None = None,
         constraints_func: Callable[[FrozenTrial], Sequence[float]] | None = None,
+        threads: int = 1,
     ) -> None:
         if constraints_func is not None and not callable(constraints_func):
             raise TypeError(f"`constraints_func` must be callable, but got {constraints_func!r}.")
@@ -235,6 +239,8 @@ class QUBOSampler(BaseSampler):
         check_int("n_startup_trials", n_startup_trials, 0)
         check_int("max_binary_variables", max_binary_variables, 1)
         check_int("num_reads", num_reads, 1)
+        check_int("threads", threads, 1)
+        self._threads = AskThreads(threads)
         if discretize_floats is not None:
             check_int("discretize_floats", discretize_floats, 2)
         if isinstance(surrogate, str):
@@ -417,6 +423,15 @@ class QUBOSampler(BaseSampler):
         self._check_single_objective(study)
         if not search_space:
             return {}
+        with self._threads.limit():
+            return self._sample_relative(study, trial, search_space)
+
+    def _sample_relative(
+        self,
+        study: optuna.Study,
+        trial: FrozenTrial,
+        search_space: dict[str, BaseDistribution],
+    ) -> dict[str, Any]:
         layout = self._layout(study, search_space)
         if layout.problem is None:
             return {}

@@ -249,3 +249,25 @@ def test_running_trial_is_skipped_before_it_suggests() -> None:
     info = storage.get_trial_system_attrs(second._trial_id)[_keys.QUBO_INFO]
     assert info["fallback"] is True  # ("y", 1) is taken by the running trial: nothing is new
     assert first.suggest_int("b", 0, 1) == 1
+
+
+def test_asks_run_with_the_given_blas_threads() -> None:
+    from threadpoolctl import threadpool_info
+
+    from qubo import BayesianQuadratic
+
+    seen: list[int] = []
+
+    class Recording(BayesianQuadratic):
+        def draw(self, bits, values, rng):  # type: ignore[no-untyped-def]
+            seen.extend(i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas")
+            return super().draw(bits, values, rng)
+
+    lin, quad = _black_box(0)
+    for threads in (1, 2):
+        seen.clear()
+        sampler = QUBOSampler(seed=0, n_startup_trials=3, surrogate=Recording(), threads=threads)
+        optuna.create_study(sampler=sampler).optimize(_objective(lin, quad), n_trials=5)
+        assert seen and set(seen) == {threads}
+    with pytest.raises(ValueError, match="`threads` is 0"):
+        QUBOSampler(threads=0)

@@ -28,6 +28,7 @@ from optuna_hpcnas.samplers._evolution._selection import selection_keys
 from optuna_hpcnas.samplers._independent import PerTrialRandomSampler
 from optuna_hpcnas.samplers._ranking import constraint_target
 from optuna_hpcnas.samplers._ranking import normal_scores
+from optuna_hpcnas.samplers._threads import AskThreads
 from optuna_hpcnas.search_space import HierarchicalSearchSpace
 from optuna_hpcnas.search_space import Level
 from qubo import BayesianQuadratic
@@ -154,6 +155,10 @@ class EvolutionarySampler(BaseSampler):
             constraint values (feasible when all are <= 0), evaluated after each complete or
             pruned trial and stored as Optuna's own samplers store it; constraints set with
             ``trial.set_constraint`` are used the same way.
+        threads: BLAS/OpenMP threads of an ask (surrogate fit and screening), set with
+            ``threadpoolctl`` while it runs. One by default: in the main job asks run beside
+            training, where more threads only fight torch's; a process that only samples
+            may give its share of the cores.
         seed: Seed of the random streams.
 
     Example:
@@ -184,6 +189,7 @@ class EvolutionarySampler(BaseSampler):
         independent_sampler: BaseSampler | None = None,
         surrogate: str | Surrogate | None = "bayes",
         constraints_func: Callable[[FrozenTrial], Sequence[float]] | None = None,
+        threads: int = 1,
         seed: int | None = None,
     ) -> None:
         check_int("population_size", population_size, 2)
@@ -225,6 +231,8 @@ class EvolutionarySampler(BaseSampler):
         if constraints_func is not None and not callable(constraints_func):
             raise TypeError(f"`constraints_func` must be callable, but got {constraints_func!r}.")
         self._constraints_func = constraints_func
+        check_int("threads", threads, 1)
+        self._threads = AskThreads(int(threads))
         self._seed = self._entropy(seed)
         self._independent = independent_sampler or PerTrialRandomSampler(self._seed)
         self._lock = threading.Lock()
@@ -369,7 +377,7 @@ class EvolutionarySampler(BaseSampler):
     ) -> dict[str, Any]:
         if not search_space or "fixed_params" in trial.system_attrs:
             return {}
-        with self._lock:
+        with self._lock, self._threads.limit():
             cache = self._cache(study)
             space = cache.space
             hierarchical = space is not None and set(search_space) == set(
