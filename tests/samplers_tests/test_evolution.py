@@ -554,3 +554,47 @@ def test_two_workers_share_an_rdb_study(postgres_url: str) -> None:
     assert len(set(params)) == 20
     origins = [t.system_attrs[_keys.EVOLUTION_ORIGIN] for t in studies[0].trials]
     assert sum(o["operation"] != "random" for o in origins) >= 10
+
+
+def test_surrogate_sees_the_newest_and_the_best_trials_and_the_given_threads() -> None:
+    from threadpoolctl import threadpool_info
+
+    from qubo import BayesianQuadratic
+
+    fitted: list[tuple[int, list[int]]] = []
+
+    class Recording(BayesianQuadratic):
+        def draw(self, bits, values, rng):  # type: ignore[no-untyped-def]
+            blas = [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
+            fitted.append((len(values), blas))
+            return super().draw(bits, values, rng)
+
+    dists = {f"x{i}": CategoricalDistribution(list(range(5))) for i in range(4)}
+    rng = np.random.default_rng(0)
+    values = rng.normal(size=400)
+    values[7] = -10.0  # the best trial is among the oldest
+    history = [
+        optuna.trial.create_trial(
+            params={k: int(rng.integers(5)) for k in dists}, distributions=dists, value=float(v)
+        )
+        for v in values
+    ]
+    for n_history, threads in ((60, 1), (400, 2)):
+        fitted.clear()
+        sampler = EvolutionarySampler(seed=0, surrogate=Recording(), threads=threads)
+        study = optuna.create_study(sampler=sampler)
+        study.add_trials(history[:n_history])
+        trial = study.ask(dists)
+        attrs = study._storage.get_trial_system_attrs(trial._trial_id)
+        screened = attrs[_keys.EVOLUTION_ORIGIN]["operation"] == "screened"
+        window = sampler._cache(study).window(100, 50, lambda ms: selection_keys(ms, [_MIN]))
+        numbers = {m.number for m in window}
+        assert screened and fitted[0] == (len(window), [threads])
+        if n_history <= 100:
+            assert numbers == set(range(n_history))  # every trial while the study is small
+        else:
+            assert 100 < len(window) <= 150 and 7 in numbers
+            assert set(range(n_history - 100, n_history)) <= numbers
+
+
+_MIN = StudyDirection.MINIMIZE

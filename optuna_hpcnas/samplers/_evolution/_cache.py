@@ -30,6 +30,8 @@ if TYPE_CHECKING:
 
 # Above this many unread trials, one bulk read is cheaper than one read per trial.
 _BULK_READ = 32
+# Members ranked at once when the best so far are brought up to date.
+_ELITE_CHUNK = 256
 
 KeyFn = Callable[[dict[str, Any]], "Hashable | None"]
 
@@ -99,6 +101,8 @@ class StudyCache:
         self._pending: dict[int, int] = {}  # number -> trial_id of RUNNING/WAITING trials
         self._newest: list[Member] = []  # newest finished trials, oldest first
         self.finished: list[Member] = []  # every finished parent candidate, in read order
+        self._elite: list[int] = []  # positions in ``finished`` of the best so far
+        self._elite_upto = 0  # ``finished`` members already weighed for the elite
         # One-decision neighbours by candidate key (hierarchical spaces; a pure function of
         # the architecture, so safe to keep for the life of the cache).
         self.neighbour_lists: dict[Hashable, list[dict[str, Any]]] = {}
@@ -169,6 +173,27 @@ class StudyCache:
     def pending_ids(self) -> list[int]:
         """Trial ids of the trials that were running or waiting at the last read."""
         return list(self._pending.values())
+
+    def window(
+        self, recent: int, best: int, keys: Callable[[list[Member]], list[Any]]
+    ) -> list[Member]:
+        """The newest ``recent`` finished members and the ``best`` best ones, in read order.
+
+        The best are kept incrementally: the members read since the last call are weighed
+        with the best so far by ``keys`` (smaller wins), so a call costs O(best + new), not
+        O(finished). Up to ``recent`` members this is every finished member.
+        """
+        while self._elite_upto < len(self.finished):
+            # In chunks: a fresh process catching up on a long study ranks a bounded set.
+            upto = min(len(self.finished), self._elite_upto + _ELITE_CHUNK)
+            pool = self._elite + list(range(self._elite_upto, upto))
+            ranked = keys([self.finished[i] for i in pool])
+            chosen = sorted(range(len(pool)), key=ranked.__getitem__)[:best]
+            self._elite = sorted(pool[i] for i in chosen)
+            self._elite_upto = upto
+        start = max(0, len(self.finished) - recent)
+        older = [i for i in self._elite if i < start]
+        return [self.finished[i] for i in older] + self.finished[start:]
 
     def population(self, size: int) -> list[Member]:
         """The newest ``size`` finished trials, oldest first (completion time, then number)."""
