@@ -350,6 +350,27 @@ class QUBOProblem:
         np.add.at(row, position[icol], np.abs(qdata))
         return row[:n]
 
+    def neighbours(
+        self, codes: Sequence[np.ndarray], exclude: Iterable[bytes] = ()
+    ) -> list[np.ndarray]:
+        """Feasible codes that differ from one of ``codes`` in exactly one group, in order of
+        discovery, without duplicates and without the codes whose ``tobytes()`` is in
+        ``exclude``."""
+        enc = self._encoding
+        skip = set(exclude) | {np.asarray(c, dtype=np.uint8).tobytes() for c in codes}
+        out: dict[bytes, np.ndarray] = {}
+        for code in codes:
+            code = np.asarray(code, dtype=np.uint8)
+            for g in range(len(enc.names)):
+                s = enc.slice(g)
+                options = np.repeat(code[None, :], s.stop - s.start, axis=0)
+                options[:, s] = np.eye(s.stop - s.start, dtype=np.uint8)
+                for x in options[self.n_violations(options) == 0]:
+                    key = x.tobytes()
+                    if key not in skip:
+                        out.setdefault(key, x)
+        return list(out.values())
+
     def penalised_energy(self, model: QuadraticModel, bits: np.ndarray) -> np.ndarray:
         """Repair scores per code: ``violations * big + budget excess * big' + energy`` as
         columns (violations, excess, energy) for lexicographic comparison."""

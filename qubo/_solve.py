@@ -43,24 +43,6 @@ class Solution:
     info: dict[str, Any] = field(default_factory=dict)
 
 
-def _neighbours(
-    problem: QUBOProblem, codes: Sequence[np.ndarray], seen: set[bytes]
-) -> list[np.ndarray]:
-    """Feasible, unseen codes that differ from one of ``codes`` in exactly one group."""
-    enc = problem.encoding
-    out: dict[bytes, np.ndarray] = {}
-    for code in codes:
-        for g in range(len(enc.names)):
-            s = enc.slice(g)
-            options = np.repeat(code[None, :], s.stop - s.start, axis=0)
-            options[:, s] = np.eye(s.stop - s.start, dtype=np.uint8)
-            for x in options[problem.n_violations(options) == 0]:
-                key = x.tobytes()
-                if key not in seen:
-                    out.setdefault(key, x)
-    return list(out.values())
-
-
 def default_sampler() -> dimod.Sampler:
     """``dwave.samplers.SimulatedAnnealingSampler()``."""
     from dwave.samplers import SimulatedAnnealingSampler
@@ -147,7 +129,7 @@ def solve(
     n_neighbours = 0
     if not new and kept:
         # Every sample is an evaluated code: fall back to their best unseen neighbours.
-        new = _neighbours(problem, list(kept.values())[:8], seen)
+        new = problem.neighbours(list(kept.values())[:8], exclude=seen)
         n_neighbours = len(new)
     codes = np.array(new, dtype=np.uint8).reshape(len(new), n)
     energies = model.energy(codes) if len(codes) else np.zeros(0)

@@ -162,31 +162,76 @@ class BayesianQuadratic(Surrogate):
         assert best is not None
         return best[1], best[2], best[3], best[4], best[5]
 
+    def fit(self, bits: np.ndarray, values: np.ndarray) -> BayesianPosterior:
+        """The posterior given ``(bits, values)``: its mean, predictive spread and draws."""
+        x, y = _check_data(bits, values)
+        y = _standardise(y)
+        va, vb, noise, lam, vec = self._posterior_basis(x @ x.T, y, float(x.sum(axis=1).mean()))
+        return BayesianPosterior(x, y, va, vb, noise, lam, vec)
+
     def draw(
         self, bits: np.ndarray, values: np.ndarray, rng: np.random.Generator
     ) -> QuadraticModel:
-        x, y = _check_data(bits, values)
-        y = _standardise(y)
+        return self.fit(bits, values).draw(rng, self._exploration)
+
+
+@dataclass(frozen=True)
+class BayesianPosterior:
+    """The posterior of ``BayesianQuadratic`` on standardised values ``y`` at ``x``.
+
+    ``va``/``vb`` are the prior variances of the linear and pairwise weights, ``noise`` the
+    noise variance, and ``lam``/``vec`` the eigendecomposition of the kernel matrix
+    ``va x x' + vb C(x x', 2)`` (the weights never appear: everything is in kernel form).
+    """
+
+    x: np.ndarray
+    y: np.ndarray
+    va: float
+    vb: float
+    noise: float
+    lam: np.ndarray
+    vec: np.ndarray
+
+    def _solve(self, target: np.ndarray) -> np.ndarray:
+        """``(K + noise I)^-1 target``."""
+        return self.vec @ ((self.vec.T @ target) / (self.lam + self.noise))
+
+    def _weights(self, alpha: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        linear = self.va * (self.x.T @ alpha)
+        quadratic = self.vb * np.triu((self.x * alpha[:, None]).T @ self.x, 1)
+        return linear, quadratic
+
+    def mean(self) -> QuadraticModel:
+        """The posterior mean as a quadratic model."""
+        return QuadraticModel(*self._weights(self._solve(self.y)))
+
+    def draw(self, rng: np.random.Generator, exploration: float = 1.0) -> QuadraticModel:
+        """``mean + exploration * (Thompson sample - mean)``."""
+        if exploration <= 0:
+            return self.mean()
+        # Matheron's rule: prior draw, corrected by the posterior update of its residual.
+        # The draw is linear in the random parts, so scaling them by ``exploration`` gives
+        # ``mean + exploration * (sample - mean)``.
+        x, e = self.x, exploration
         n_obs, n = x.shape
-        shared = x @ x.T
-        va, vb, noise, lam, vec = self._posterior_basis(shared, y, float(x.sum(axis=1).mean()))
-        target: np.ndarray = y
-        if self._exploration > 0:
-            # Matheron's rule: prior draw, corrected by the posterior update of its residual.
-            # The draw is linear in the random parts, so scaling them by ``exploration`` gives
-            # ``mean + exploration * (sample - mean)``.
-            e = self._exploration
-            lin0: np.ndarray = e * np.asarray(rng.normal(0.0, math.sqrt(va), n))
-            quad0 = e * np.triu(rng.normal(0.0, math.sqrt(vb), (n, n)), 1)
-            prior_at_data = x @ lin0 + ((x @ quad0) * x).sum(axis=1)
-            target = y - prior_at_data - e * rng.normal(0.0, math.sqrt(noise), n_obs)
-        else:
-            lin0 = np.zeros(n)
-            quad0 = np.zeros((n, n))
-        alpha = vec @ ((vec.T @ target) / (lam + noise))  # (K + noise I)^-1 target
-        linear = lin0 + va * (x.T @ alpha)
-        quadratic = quad0 + vb * np.triu((x * alpha[:, None]).T @ x, 1)
-        return QuadraticModel(linear, quadratic)
+        lin0: np.ndarray = e * np.asarray(rng.normal(0.0, math.sqrt(self.va), n))
+        quad0 = e * np.triu(rng.normal(0.0, math.sqrt(self.vb), (n, n)), 1)
+        prior_at_data = x @ lin0 + ((x @ quad0) * x).sum(axis=1)
+        target = self.y - prior_at_data - e * rng.normal(0.0, math.sqrt(self.noise), n_obs)
+        linear, quadratic = self._weights(self._solve(target))
+        return QuadraticModel(lin0 + linear, quad0 + quadratic)
+
+    def predict(self, bits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Posterior mean and standard deviation (noise-free) at the rows of ``bits``."""
+        c = np.atleast_2d(np.asarray(bits, dtype=float))
+        shared = c @ self.x.T
+        k = self.va * shared + self.vb * shared * (shared - 1.0) / 2.0
+        ones = c.sum(axis=1)
+        prior = self.va * ones + self.vb * ones * (ones - 1.0) / 2.0
+        projected = k @ self.vec
+        mean = k @ self._solve(self.y)
+        var = prior - (projected**2 / (self.lam + self.noise)).sum(axis=1)
+        return mean, np.sqrt(np.maximum(var, 0.0))
 
 
 class FactorizationMachine(Surrogate):

@@ -217,3 +217,26 @@ def test_all_samples_evaluated_falls_back_to_unseen_neighbours() -> None:
     # Energies -5, -5, -5 (ties in any order), then -4.
     assert sorted(decoded[:3]) == [[0, 1], [1, 0], [2, 0]]
     assert decoded[3:] == [[0, 2]]
+
+
+def test_neighbours_are_feasible_one_group_changes_minus_the_excluded() -> None:
+    enc = OneHotEncoding(["a", "b"], [[0, 1, 2], [0, 1]])
+    problem = QUBOProblem(enc, forbidden=[(enc.bit(0, 2), enc.bit(1, 1))])
+    centre = enc.encode([0, 1])
+    found = {tuple(enc.decode(c)) for c in problem.neighbours([centre])}
+    assert found == {(1, 1), (0, 0)}  # (2, 1) is forbidden; the centre itself is not listed
+    excluded = problem.neighbours([centre], exclude=[enc.encode([1, 1]).tobytes()])
+    assert [tuple(enc.decode(c)) for c in excluded] == [(0, 0)]
+
+
+def test_posterior_predicts_its_mean_and_is_surest_at_the_data() -> None:
+    rng = np.random.default_rng(0)
+    enc = OneHotEncoding([f"g{i}" for i in range(4)], [list(range(3))] * 4)
+    codes = np.array([enc.encode(list(rng.integers(0, 3, 4))) for _ in range(40)])
+    truth = rng.normal(size=enc.n_bits)
+    posterior = BayesianQuadratic().fit(codes, codes @ truth)
+    mean, spread = posterior.predict(codes)
+    assert np.allclose(mean, posterior.mean().energy(codes))
+    assert np.allclose(posterior.draw(rng, 0.0).linear, posterior.mean().linear)
+    far = np.array([enc.encode([v] * 4) for v in range(3)])
+    assert spread.mean() < posterior.predict(far)[1].mean()
