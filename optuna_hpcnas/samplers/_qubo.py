@@ -64,6 +64,10 @@ if TYPE_CHECKING:
 _logger = logging.getLogger(__name__)
 
 _SURROGATES = {"bayes": BayesianQuadratic, "fm": FactorizationMachine}
+# Local asks look this many groups away from the incumbent at most, growing each ring from
+# at most this many codes of the previous one.
+_LOCAL_RADIUS = 3
+_LOCAL_FRONTIER = 64
 
 
 @dataclass(frozen=True)
@@ -140,6 +144,28 @@ def _to_slot(dist: BaseDistribution, slots: Sequence[Any], value: Any) -> Any:
         v = math.log(value) if dist.log else float(value)
         return slots[int(np.argmin(np.abs(grid - v)))]
     return int(value)
+
+
+def _local_codes(
+    problem: QUBOProblem, centre: np.ndarray, seen: Sequence[np.ndarray], rng: np.random.Generator
+) -> tuple[np.ndarray, int]:
+    """The unseen feasible codes of the smallest ring around ``centre`` (codes that differ
+    in 1, 2, ... groups, up to ``_LOCAL_RADIUS``) that has any, and that ring's radius;
+    ``(empty, 0)`` when none has. Rings beyond the first are grown from at most
+    ``_LOCAL_FRONTIER`` codes of the previous one, drawn at random."""
+    known = {np.asarray(c, dtype=np.uint8).tobytes() for c in seen}
+    frontier, reached = [centre], {centre.tobytes()}
+    for radius in range(1, _LOCAL_RADIUS + 1):
+        ring = problem.neighbours(frontier, exclude=reached)
+        fresh = [c for c in ring if c.tobytes() not in known]
+        if fresh:
+            return np.array(fresh, dtype=np.uint8), radius
+        reached |= {c.tobytes() for c in ring}
+        frontier = ring
+        if len(frontier) > _LOCAL_FRONTIER:
+            pick = rng.choice(len(frontier), _LOCAL_FRONTIER, replace=False)
+            frontier = [frontier[int(i)] for i in pick]
+    return np.zeros((0, problem.n_bits), dtype=np.uint8), 0
 
 
 def _from_slot(dist: BaseDistribution, slot: Any) -> Any:
@@ -481,6 +507,8 @@ class QUBOSampler(BaseSampler):
         keys = feasibility_keys(
             values, constraints if constraint is None else [None] * len(values)
         )
+        ranked = feasibility_keys(values, constraints)  # the incumbent is feasible if any is
+        incumbent = min(range(len(ranked)), key=ranked.__getitem__)
         return self._optimise(
             study,
             trial,
@@ -491,6 +519,7 @@ class QUBOSampler(BaseSampler):
             busy,
             pending,
             constraint,
+            incumbent,
         )
 
     def _claim(
@@ -569,8 +598,10 @@ class QUBOSampler(BaseSampler):
         values: np.ndarray,
         busy: list[np.ndarray],
         pending: list[int],
-        constraint: tuple[np.ndarray, np.ndarray, float] | None = None,
+        constraint: tuple[np.ndarray, np.ndarray, float] | None,
+        incumbent: int,
     ) -> dict[str, Any]:
+        from qubo import Solution
         from qubo import solve
 
         assert layout.problem is not None
@@ -582,16 +613,29 @@ class QUBOSampler(BaseSampler):
             feasibility = self._feasibility.draw(codes[rows], target, rng)
             problem = self._with_feasibility(layout, feasibility, threshold)
         fit_time = time.perf_counter() - start
-        solution = solve(
-            problem,
-            model,
-            sampler=self._solver,
-            evaluated=list(codes) + busy,
-            evaluated_penalty=self._evaluated_penalty,
-            num_reads=self._num_reads,
-            seed=int(rng.integers(2**31)),
-            sampler_kwargs=self._solver_kwargs,
-        )
+        seen = list(codes) + busy
+        solution, radius = None, 0
+        if trial.number % 2 == 1:
+            # Every other ask refines the incumbent: the draw's best unseen code among its
+            # nearest neighbours. A draw's global minimum lies where the posterior is widest,
+            # mostly several groups away from every evaluated code, so annealing alone
+            # rarely tries the incumbent's neighbours (issue 22).
+            near, radius = _local_codes(layout.problem, codes[incumbent], seen, rng)
+            if len(near):
+                energies = model.energy(near)
+                rank = np.argsort(energies, kind="stable")
+                solution = Solution(near[rank], energies[rank], {"n_local": len(near)})
+        if solution is None:
+            solution = solve(
+                problem,
+                model,
+                sampler=self._solver,
+                evaluated=seen,
+                evaluated_penalty=self._evaluated_penalty,
+                num_reads=self._num_reads,
+                seed=int(rng.integers(2**31)),
+                sampler_kwargs=self._solver_kwargs,
+            )
         info: dict[str, Any] = dict(solution.info)
         info.update(
             {
@@ -599,9 +643,12 @@ class QUBOSampler(BaseSampler):
                 "n_bits": layout.encoding.n_bits,
                 "n_observations": len(values),
                 "surrogate": type(self._surrogate).__name__,
+                "step": "local" if radius else "global",
                 "fallback": len(solution.codes) == 0,
             }
         )
+        if radius:
+            info["radius"] = radius
         if not len(solution.codes):
             _logger.info("Trial %d: no new feasible code from the solver; random.", trial.number)
         order = np.arange(len(solution.codes))
@@ -611,7 +658,6 @@ class QUBOSampler(BaseSampler):
             order = np.concatenate([order[ok], order[~ok]])
             info["predicted_feasible"] = int(ok.sum())
         decoded = (layout.decode(solution.codes[i]) for i in order)
-        seen = list(codes) + busy
         randoms = self._randoms(layout, rng, seen)
         params = self._claim(
             study, trial, layout, itertools.chain(decoded, randoms), pending, seen

@@ -40,6 +40,12 @@ def _objective(lin: dict, quad: np.ndarray):  # type: ignore[no-untyped-def]
     return objective
 
 
+def _last_global(study: optuna.Study) -> dict:
+    """The sampling facts of the last ask that annealed (local asks do not)."""
+    infos = [t.system_attrs.get(_keys.QUBO_INFO) for t in study.trials]
+    return [i for i in infos if i and i["step"] == "global"][-1]
+
+
 @pytest.mark.parametrize("surrogate", ["bayes", "fm"])
 def test_finds_optimum_of_small_quadratic(surrogate: str) -> None:
     lin, quad = _black_box(0)
@@ -53,10 +59,10 @@ def test_finds_optimum_of_small_quadratic(surrogate: str) -> None:
     assert study.best_value == pytest.approx(best)
     # 64 codes, 40 trials: the sampler never repeats one.
     assert len({tuple(t.params.values()) for t in study.trials}) == 40
-    info = study.trials[-1].system_attrs[_keys.QUBO_INFO]
+    assert study.trials[-1].system_attrs[_keys.QUBO_INFO]["n_observations"] == 39
+    info = _last_global(study)
     assert info["n_bits"] == 12
     assert 0.0 <= info["feasible_rate"] <= 1.0
-    assert info["n_observations"] == 39
 
 
 def test_maximize_direction() -> None:
@@ -138,7 +144,7 @@ def test_budget_is_respected() -> None:
     study.optimize(_objective(lin, quad), n_trials=15)
     for t in study.trials[5:]:
         assert sum(t.params.values()) <= 4
-        assert t.system_attrs[_keys.QUBO_INFO]["n_variables"] > 12  # slack variables
+    assert _last_global(study)["n_variables"] > 12  # slack variables
 
 
 def test_exact_solver_plugs_in() -> None:
@@ -149,7 +155,7 @@ def test_exact_solver_plugs_in() -> None:
         n_trials=10,
     )
     assert study.best_value == 0
-    assert study.trials[-1].system_attrs[_keys.QUBO_INFO]["sampler"] == "ExactSolver"
+    assert _last_global(study)["sampler"] == "ExactSolver"
 
 
 def test_too_many_binary_variables() -> None:
@@ -249,6 +255,23 @@ def test_running_trial_is_skipped_before_it_suggests() -> None:
     info = storage.get_trial_system_attrs(second._trial_id)[_keys.QUBO_INFO]
     assert info["fallback"] is True  # ("y", 1) is taken by the running trial: nothing is new
     assert first.suggest_int("b", 0, 1) == 1
+
+
+def test_every_other_ask_refines_the_incumbent() -> None:
+    lin, quad = _black_box(1)
+    study = optuna.create_study(sampler=QUBOSampler(seed=0, n_startup_trials=5, num_reads=8))
+    study.optimize(_objective(lin, quad), n_trials=20)
+    names = list(_CHOICES)
+    for trial in study.trials[5:]:
+        info = trial.system_attrs[_keys.QUBO_INFO]
+        assert info["step"] == ("local" if trial.number % 2 == 1 else "global")
+        if info["step"] != "local":
+            continue
+        earlier = [t for t in study.trials[: trial.number] if t.value is not None]
+        best = min(earlier, key=lambda t: t.value)
+        changed = sum(trial.params[n] != best.params[n] for n in names)
+        assert changed == info["radius"] >= 1  # the nearest unseen ring around the incumbent
+        assert all(t.params != trial.params for t in earlier)
 
 
 def test_asks_run_with_the_given_blas_threads() -> None:
