@@ -8,7 +8,7 @@ Random and EvolutionarySampler, every sampler on the same instances and seeds; e
 is cached under ``bench/results/quadratic/`` so peers run once.
 
     python bench/qubo_quadratic.py --seeds 30
-    python bench/qubo_quadratic.py --seeds 30 --samplers QUBO --fresh   # after a change
+    python bench/qubo_quadratic.py --seeds 30 --fresh QUBO   # after a change to QUBOSampler
     PYTHONPATH=/tmp/main python bench/qubo_quadratic.py --samplers QUBO --tag @main  # another
         # checkout's samplers (e.g. a git archive of main), cached apart
 """
@@ -83,7 +83,7 @@ def main() -> None:
     parser.add_argument("--samplers", default=",".join(SAMPLERS))
     parser.add_argument("--seeds", type=int, default=30)
     parser.add_argument("--trials", type=int, default=100)
-    parser.add_argument("--fresh", action="store_true", help="rerun cached studies")
+    parser.add_argument("--fresh", default="", help="samplers whose cached studies rerun")
     parser.add_argument("--tag", default="", help="suffix of the cache folders (a variant)")
     args = parser.parse_args()
     optuna.logging.set_verbosity(optuna.logging.ERROR)
@@ -95,7 +95,7 @@ def main() -> None:
         results[name] = []  # a tagged variant is shown under the sampler's name
         for seed in range(args.seeds):
             path = RESULTS / f"{name}{args.tag}" / f"{seed}.json"
-            if path.exists() and not args.fresh:
+            if path.exists() and name not in args.fresh.split(","):
                 out = json.loads(path.read_text())
             else:
                 out = run_one(name, seed, args.trials)

@@ -615,11 +615,15 @@ class QUBOSampler(BaseSampler):
         fit_time = time.perf_counter() - start
         seen = list(codes) + busy
         solution, radius = None, 0
-        if trial.number % 2 == 1:
+        refine = len(codes) >= self._n_startup_trials + len(layout.encoding.names)
+        if refine and trial.number % 2 == 1:
             # Every other ask refines the incumbent: the draw's best unseen code among its
             # nearest neighbours. A draw's global minimum lies where the posterior is widest,
             # mostly several groups away from every evaluated code, so annealing alone
-            # rarely tries the incumbent's neighbours (issue 22).
+            # rarely tries the incumbent's neighbours (issue 22). Only after as many global
+            # asks as there are groups: before, the incumbent is one of a few draws, and a
+            # local search around it is premature (with a penalised black box it is often
+            # infeasible, and a local search stays there).
             near, radius = _local_codes(layout.problem, codes[incumbent], seen, rng)
             if len(near):
                 energies = model.energy(near)
