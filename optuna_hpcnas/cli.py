@@ -912,7 +912,7 @@ def _setup_logging(verbose: int, quiet: bool, rank: int) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``hpcnas`` and ``python -m optuna_hpcnas``; returns the exit status."""
-    from optuna_hpcnas.run._threads import passive_openmp
+    from optuna_hpcnas._openmp import passive_openmp
 
     passive_openmp()  # before anything loads torch: its OpenMP reads the variable once
     parser = build_parser()

@@ -262,7 +262,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=int(os.environ.get("HPCNAS_THREADS", 1)))
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    from optuna_hpcnas.run._threads import passive_openmp
+    from optuna_hpcnas._openmp import passive_openmp
 
     passive_openmp()  # before torch loads (in run_demo)
     optuna.logging.set_verbosity(optuna.logging.WARNING)

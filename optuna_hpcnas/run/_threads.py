@@ -6,17 +6,19 @@ cores: ``hpcnas run`` 277 s with torch's default against 30 s with one thread pe
 The CPUs a process may use are its affinity (``taskset``, Slurm's binding) capped by the CPU
 quota of its cgroup (a container's ``--cpus``, Kubernetes' CPU limit), not the machine's
 count. OpenMP threads that wait spin by default and take the cores from whatever else runs
-there; ``passive_openmp`` makes them sleep instead, so oversubscription degrades gracefully.
+there; ``passive_openmp`` (``optuna_hpcnas._openmp``, which imports nothing, so the entry
+points call it before torch loads) makes them sleep instead, so oversubscription degrades
+gracefully.
 """
 
 from __future__ import annotations
 
-from collections.abc import MutableMapping
 import logging
 import math
 import os
 from pathlib import Path
-import sys
+
+from optuna_hpcnas._openmp import passive_openmp
 
 _logger = logging.getLogger(__name__)
 
@@ -129,15 +131,6 @@ def thread_share(
     cores = available_cores()
     share = max(1, cores // max(1, ranks_on_node))
     return share, f"{cores} usable CPU(s) / {ranks_on_node} rank(s) on this node"
-
-
-def passive_openmp(environ: MutableMapping[str, str] | None = None) -> bool:
-    """Make OpenMP threads sleep while they wait (``OMP_WAIT_POLICY=passive``) unless the
-    environment says otherwise; ``False`` when torch was loaded already (its OpenMP runtime
-    read the environment then, so this process keeps spinning)."""
-    env = os.environ if environ is None else environ
-    env.setdefault("OMP_WAIT_POLICY", "passive")
-    return "torch" not in sys.modules
 
 
 def configure_threads(*, requested: int | None, ranks_on_node: int, rank: int = 0) -> int:

@@ -61,6 +61,8 @@ from qubo import Surrogate
 if TYPE_CHECKING:
     import dimod
 
+    from qubo import Solution
+
 _logger = logging.getLogger(__name__)
 
 _SURROGATES = {"bayes": BayesianQuadratic, "fm": FactorizationMachine}
@@ -166,6 +168,26 @@ def _local_codes(
             pick = rng.choice(len(frontier), _LOCAL_FRONTIER, replace=False)
             frontier = [frontier[int(i)] for i in pick]
     return np.zeros((0, problem.n_bits), dtype=np.uint8), 0
+
+
+def _local_solution(
+    layout: _Layout,
+    model: QuadraticModel,
+    centre: np.ndarray,
+    seen: Sequence[np.ndarray],
+    rng: np.random.Generator,
+) -> tuple[Solution | None, int]:
+    """The unseen codes of the nearest ring around ``centre``, best draw first, and the
+    ring's radius; ``(None, 0)`` when no ring within ``_LOCAL_RADIUS`` has one."""
+    from qubo import Solution
+
+    assert layout.problem is not None
+    near, radius = _local_codes(layout.problem, centre, seen, rng)
+    if not len(near):
+        return None, 0
+    energies = model.energy(near)
+    rank = np.argsort(energies, kind="stable")
+    return Solution(near[rank], energies[rank], {"n_local": len(near)}), radius
 
 
 def _from_slot(dist: BaseDistribution, slot: Any) -> Any:
@@ -601,7 +623,6 @@ class QUBOSampler(BaseSampler):
         constraint: tuple[np.ndarray, np.ndarray, float] | None,
         incumbent: int,
     ) -> dict[str, Any]:
-        from qubo import Solution
         from qubo import solve
 
         assert layout.problem is not None
@@ -615,20 +636,8 @@ class QUBOSampler(BaseSampler):
         fit_time = time.perf_counter() - start
         seen = list(codes) + busy
         solution, radius = None, 0
-        refine = len(codes) >= self._n_startup_trials + len(layout.encoding.names)
-        if refine and trial.number % 2 == 1:
-            # Every other ask refines the incumbent: the draw's best unseen code among its
-            # nearest neighbours. A draw's global minimum lies where the posterior is widest,
-            # mostly several groups away from every evaluated code, so annealing alone
-            # rarely tries the incumbent's neighbours (issue 22). Only after as many global
-            # asks as there are groups: before, the incumbent is one of a few draws, and a
-            # local search around it is premature (with a penalised black box it is often
-            # infeasible, and a local search stays there).
-            near, radius = _local_codes(layout.problem, codes[incumbent], seen, rng)
-            if len(near):
-                energies = model.energy(near)
-                rank = np.argsort(energies, kind="stable")
-                solution = Solution(near[rank], energies[rank], {"n_local": len(near)})
+        if self._is_local(trial, layout, len(codes)):
+            solution, radius = _local_solution(layout, model, codes[incumbent], seen, rng)
         if solution is None:
             solution = solve(
                 problem,
@@ -674,6 +683,18 @@ class QUBOSampler(BaseSampler):
                 break
         study._storage.set_trial_system_attr(trial._trial_id, _keys.QUBO_INFO, info)
         return params
+
+    def _is_local(self, trial: FrozenTrial, layout: _Layout, n_complete: int) -> bool:
+        """Whether this ask refines the incumbent instead of annealing (issue 22).
+
+        A draw's global minimum lies where the posterior is widest, mostly several groups
+        away from every evaluated code, so annealing alone rarely tries the incumbent's
+        neighbours: every other ask does. Only after as many global asks as there are
+        groups: before, the incumbent is one of a few draws and a local search around it is
+        premature (with a penalised black box it is often infeasible, and one stays there).
+        """
+        start = self._n_startup_trials + len(layout.encoding.names)
+        return n_complete >= start and trial.number % 2 == 1
 
     @staticmethod
     def _with_feasibility(layout: _Layout, model: QuadraticModel, threshold: float) -> QUBOProblem:

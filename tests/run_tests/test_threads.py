@@ -8,7 +8,7 @@ import pytest
 
 from optuna_hpcnas.run._threads import available_cores
 from optuna_hpcnas.run._threads import cgroup_cpu_limit
-from optuna_hpcnas.run._threads import passive_openmp
+from optuna_hpcnas.run._threads import passive_openmp  # re-exported
 
 
 def _write(path: Path, text: str) -> None:
