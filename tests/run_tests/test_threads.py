@@ -59,3 +59,24 @@ def test_openmp_waits_passively_unless_told_otherwise() -> None:
     env = {"OMP_WAIT_POLICY": "active"}
     passive_openmp(env)
     assert env["OMP_WAIT_POLICY"] == "active"
+
+
+def test_hpcnas_sets_passive_waiting_before_torch_loads() -> None:
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import os, sys\n"
+        "from optuna_hpcnas import cli\n"
+        "try:\n"
+        "    cli.main(['status', '--help'])\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "print(os.environ.get('OMP_WAIT_POLICY'), 'torch' in sys.modules)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip().splitlines()[-1] == "passive False"
