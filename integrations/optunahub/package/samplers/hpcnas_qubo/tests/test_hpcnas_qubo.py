@@ -45,8 +45,10 @@ def test_proposals_respect_the_budget() -> None:
         sampler=QUBOSampler(seed=0, n_startup_trials=3, num_reads=16, budgets=[budget])
     )
     study.optimize(objective, n_trials=15)
-    annealed = study.trials[3:]
-    assert all(t.system_attrs["hpcnas:qubo:info"]["n_samples"] > 0 for t in annealed)
+    infos = [t.system_attrs["hpcnas:qubo:info"] for t in study.trials[3:]]
+    # Global asks anneal (samples drawn); local asks rank the incumbent's neighbours.
+    assert all(i["n_samples" if i["step"] == "global" else "n_local"] > 0 for i in infos)
+    assert {"global", "local"} <= {i["step"] for i in infos}
     # The first trial comes from the independent sampler, before the space is known.
     for trial in study.trials[1:]:
         assert sum(costs[(k, v)] for k, v in trial.params.items()) <= 21.0, trial.params
