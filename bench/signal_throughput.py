@@ -10,13 +10,14 @@ For a few ``signal-1d`` architectures, in one process, signals per second of
 with the same batches and the threads torch is given (``--threads``, default the process's
 share of the cores as ``hpcnas run`` sets it), and the ratio of (2) and (3) to (1).
 
-    python bench/signal_throughput.py [--threads 1] [--steps 60]
+    python bench/signal_throughput.py [--threads 1] [--steps 60] [--rounds 5]
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import statistics
 import time
 
 
@@ -69,6 +70,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, help="torch threads (default: the run's share)")
     parser.add_argument("--steps", type=int, default=60, help="timed steps per measurement")
     parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds (median)")
     args = parser.parse_args()
 
     import torch
@@ -90,12 +92,19 @@ def main() -> None:
     tuning = FineTuning("adam", 1e-3, 0.9, 0.0, "fp32", 5.0)
 
     def timed(step) -> float:  # type: ignore[no-untyped-def]
-        for x, y in batches[:5]:  # warm-up: allocator, kernels
+        """Seconds of ``args.steps`` steps after 5 untimed ones (allocator, kernels)."""
+        for x, y in batches[:5]:
             step(x, y)
         started = time.perf_counter()
         for x, y in batches[5:]:
             step(x, y)
-        return args.steps * args.batch_size / (time.perf_counter() - started)
+        return time.perf_counter() - started
+
+    def rates(steps) -> list[float]:  # type: ignore[no-untyped-def]
+        """Signals/s of each step, rounds interleaved, median of ``args.rounds``: on a busy
+        machine the load falls on every variant alike, so the ratios stay fair."""
+        seconds = [[timed(step) for step in steps] for _ in range(args.rounds)]
+        return [args.steps * args.batch_size / statistics.median(s) for s in zip(*seconds)]
 
     print(f"signals/s on MNIST-1D, batch {args.batch_size}, {threads} torch thread(s)")
     print(
@@ -107,14 +116,16 @@ def main() -> None:
         session = LocalEngine().open(supernet.subnet(arch).train(), arch, tuning)
         shared = torch.optim.Adam(supernet.parameters(), lr=1e-3)
         supernet.train()
-        rates = [
-            timed(functools.partial(_plain_step, model, optimizer)),
-            timed(session.step),
-            timed(functools.partial(train_step, supernet, shared, archs=[arch], grad_clip=5.0)),
-        ]
+        plain, stages, warm_up = rates(
+            [
+                functools.partial(_plain_step, model, optimizer),
+                session.step,
+                functools.partial(train_step, supernet, shared, archs=[arch], grad_clip=5.0),
+            ]
+        )
         print(
-            f"{name:<36} {rates[0]:>8.0f} {rates[1]:>8.0f} {rates[1] / rates[0]:>5.2f}x "
-            f"{rates[2]:>8.0f} {rates[2] / rates[0]:>5.2f}x"
+            f"{name:<36} {plain:>8.0f} {stages:>8.0f} {stages / plain:>5.2f}x "
+            f"{warm_up:>8.0f} {warm_up / plain:>5.2f}x"
         )
 
 

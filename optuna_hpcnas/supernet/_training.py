@@ -87,15 +87,17 @@ def train_step(
     k = len(archs)
     total = 0.0
     finite = True
+    autocast = autocast_context(precision, x.device)
     for arch in archs:
-        with autocast_context(precision, x.device):
+        with autocast:
             logits = model(x) if arch is None else model(x, arch)
             loss = F.cross_entropy(logits.float(), y) / k
-        if not torch.isfinite(loss):
+        value = float(loss.detach())  # the one host sync of the path (logged and checked)
+        if not math.isfinite(value):
             finite = False
             total = float("nan")
             break
-        total += float(loss.detach()) * k
+        total += value * k
         if scaler is not None:
             scaler.scale(loss).backward()
         else:
