@@ -526,6 +526,8 @@ name = "signals"
 storage = "sqlite:///nas.db"   # or a PostgreSQL/MySQL URL; leave it out to use $OPTUNA_STORAGE
 n_trials = 400                 # the timeout ends it first on 2 cores
 timeout = 780                  # seconds of search after the warm-up
+enqueue = ["cnn"]              # start from the paper's CNN (94 %); also "gru", "mlp", or
+                               # tables of parameters ({ "node.topology" = "residual", ... })
 
 [space]
 preset = "signal-1d"           # conv1d / GRU / attention cells; raw, embedded or flat stems

@@ -90,6 +90,7 @@ class StudyConfig:
     n_trials: int | None = None
     timeout: float | None = None
     load_if_exists: bool = True
+    enqueue: tuple[str | Mapping[str, Any], ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -111,6 +112,17 @@ class StudyConfig:
             raise ValueError("Set `n_trials` or `timeout` (or both): the search must end.")
         if not isinstance(self.load_if_exists, bool):
             raise TypeError(f"`load_if_exists` must be a bool, but got {self.load_if_exists!r}.")
+        if isinstance(self.enqueue, (str, Mapping)) or not isinstance(self.enqueue, Sequence):
+            raise TypeError(
+                "`enqueue` must be a list of model names or parameter tables, "
+                f"but got {self.enqueue!r}."
+            )
+        for entry in self.enqueue:
+            if not isinstance(entry, (str, Mapping)):
+                raise TypeError(
+                    f"`enqueue` entries are model names or parameter tables, but got {entry!r}."
+                )
+        object.__setattr__(self, "enqueue", tuple(self.enqueue))
 
     def resolved_storage(self) -> str:
         """``storage``, else ``$OPTUNA_STORAGE``, else the SQLite file of the study."""
@@ -393,6 +405,7 @@ class RunConfig:
     export: Any = field(default_factory=_export_recipe)
 
     def __post_init__(self) -> None:
+        self.enqueued_params()  # a wrong entry is one line when the config is read
         given = self.study.directions
         if given is not None and len(given) != len(self.objective.objectives):
             raise ConfigError(
@@ -401,6 +414,36 @@ class RunConfig:
                 f"{len(given)} ({list(given)}); give one direction per objective, or leave "
                 "directions out."
             )
+
+    def enqueued_params(self) -> list[dict[str, Any]]:
+        """``[study] enqueue`` as Optuna parameters, checked against the space: the first
+        trials of a new study (``study.enqueue_trial``). A name is one of the preset's
+        published models (``optuna_hpcnas.search_space.reference_models``)."""
+        from optuna_hpcnas.search_space import reference_models
+
+        if not self.study.enqueue:
+            return []
+        space = self.space.build()
+        known = reference_models(self.space.preset)
+        resolved = []
+        for entry in self.study.enqueue:
+            if isinstance(entry, str):
+                if entry not in known:
+                    names = ", ".join(sorted(known)) or "none"
+                    raise ConfigError(
+                        f"[study] enqueue: {entry!r} is not a published model of the "
+                        f"{self.space.preset or 'file'} space (it has: {names}); give a "
+                        "table of parameters instead."
+                    )
+                params = known[entry]
+            else:
+                params = dict(entry)
+            try:
+                space.from_params(params)
+            except ValueError as e:
+                raise ConfigError(f"[study] enqueue: {entry!r}: {e}") from None
+            resolved.append(dict(params))
+        return resolved
 
     @property
     def directions(self) -> list[str]:

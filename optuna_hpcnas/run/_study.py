@@ -124,6 +124,9 @@ def queue_budget(study: optuna.Study, config: RunConfig) -> None:
 
     n_trials = config.study.n_trials
     recover_dead_trials(study, config)
+    if not study.get_trials(deepcopy=False):  # a new study starts with ``[study] enqueue``
+        for params in config.enqueued_params()[:n_trials]:
+            study.enqueue_trial(params)
     if n_trials is None:
         return
     waiting = len(study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))

@@ -141,3 +141,12 @@ SIGNAL_1D_PAPER_MODELS: dict[str, dict[str, Any]] = {
         **_LAYOUT,
     },
 }
+
+# Published models of each preset, by name: ``[study] enqueue = ["cnn"]`` starts a search
+# from them (``reference_models``).
+REFERENCE_MODELS: dict[str, dict[str, dict[str, Any]]] = {"signal-1d": SIGNAL_1D_PAPER_MODELS}
+
+
+def reference_models(preset: str | None) -> dict[str, dict[str, Any]]:
+    """The published models of ``preset`` as Optuna parameters, by name (may be empty)."""
+    return dict(REFERENCE_MODELS.get(preset or "", {}))

@@ -248,3 +248,40 @@ def test_asking_ahead_overlaps_the_ask_and_a_timeout_gives_the_asked_trial_back(
     trials = study.get_trials()
     assert len(trials) == 6 and all(t.state == COMPLETE for t in trials)
     assert trials[len(done)].params == asked[0].params
+
+
+def test_enqueued_models_are_the_first_trials_of_a_new_study_only(tmp_path: Path) -> None:
+    first = {"node.topology": "chain", "node.cell0.op": "identity", "node.cell1.op": "identity"}
+    first["node.cell2.op"] = "maxpool3x3"
+    study = _run(tmp_path, study={"n_trials": 3, "enqueue": [first]})
+    trials = sorted(study.trials, key=lambda t: t.number)
+    assert len(trials) == 3 and trials[0].params == first
+    assert all(t.state.is_finished() for t in trials)
+    assert ["fixed_params" in t.system_attrs for t in trials] == [True, False, False]
+    # A second run on the same study adds its budget without the enqueued model again.
+    again = _run(tmp_path, study={"n_trials": 2, "enqueue": [first]})
+    assert len(again.trials) == 5
+    assert sum("fixed_params" in t.system_attrs for t in again.trials) == 1
+
+
+def test_enqueue_names_a_published_model_of_the_preset() -> None:
+    from optuna_hpcnas.config import ConfigError
+    from optuna_hpcnas.search_space import reference_models
+    from optuna_hpcnas.search_space import SIGNAL_1D_PAPER_MODELS
+
+    signal = tiny_config(
+        study={"enqueue": ["cnn", "gru"]},
+        space={"preset": "signal-1d"},
+        data={"name": "mnist1d"},
+    )
+    assert config_from_dict(signal).enqueued_params() == [
+        SIGNAL_1D_PAPER_MODELS["cnn"],
+        SIGNAL_1D_PAPER_MODELS["gru"],
+    ]
+    assert reference_models("digits-small") == {}
+    with pytest.raises(ConfigError, match="'cnn' is not a published model of the digits-small"):
+        config_from_dict(tiny_config(study={"enqueue": ["cnn"]}))
+    with pytest.raises(ConfigError, match="node.topology"):
+        config_from_dict(tiny_config(study={"enqueue": [{"node.topology": "ring"}]}))
+    with pytest.raises(ConfigError, match="`enqueue` must be a list"):
+        config_from_dict(tiny_config(study={"enqueue": "cnn"}))
