@@ -302,10 +302,11 @@ def journal_owned_trial(study: optuna.Study, *, sync: bool = False) -> int | Non
 
 
 class PopClaim:
-    """One pop of the budget queue that can be tried again after a lost answer
-    (``OutageWindow.attempt(claim.pop, recover=claim.recover)``): a try that took a trial
-    but whose answer never came back is found on the storage instead of taking a second one.
-    Build it on the thread that pops (journal storages record the taker by thread).
+    """One pop of the budget queue that can be tried again after a lost answer (call it
+    through ``OutageWindow.call``, which asks ``recover`` before a second try): a try that
+    took a trial but whose answer never came back is found on the storage instead of taking
+    a second one. Build it on the thread that pops (journal storages record the taker by
+    thread).
     """
 
     def __init__(self, study: optuna.Study, token: str) -> None:
@@ -313,7 +314,7 @@ class PopClaim:
         self.token = token
         self._owned_before = journal_owned_trial(study)  # in memory: no storage call
 
-    def pop(self) -> optuna.Trial | None:
+    def __call__(self) -> optuna.Trial | None:
         return pop_waiting_trial(self.study, claim=self.token)
 
     def recover(self) -> tuple[bool, optuna.Trial | None]:
@@ -325,20 +326,41 @@ class PopClaim:
         return True, optuna.trial.Trial(self.study, trial_id)
 
 
-def told_already(trial: optuna.Trial, state: Any) -> tuple[bool, None]:
-    """Whether ``trial`` is finished in ``state`` already (a tell whose answer was lost had
-    committed it); ``UpdateFinishedTrialError`` when it is finished in another state (another
-    worker failed it meanwhile), as the tell itself would have raised."""
-    from optuna.exceptions import UpdateFinishedTrialError
+class TellOnce:
+    """``study.tell(trial, values)`` (or ``state=``) that can be tried again after a lost
+    answer (through ``OutageWindow.call``): before a second try ``recover`` reads the trial;
+    finished in the told state, the lost try committed it and nothing is told again;
+    finished in another state, another worker failed it meanwhile and
+    ``UpdateFinishedTrialError`` is raised, as the tell itself would have.
+    """
 
-    frozen = trial.storage.get_trial(trial._trial_id)
-    if not frozen.state.is_finished():
-        return False, None
-    if frozen.state == state:
-        return True, None
-    raise UpdateFinishedTrialError(
-        f"Trial {trial.number} is {frozen.state.name} already; its result is not told."
-    )
+    def __init__(
+        self, study: optuna.Study, trial: optuna.Trial, state: Any, values: list[float] | None
+    ) -> None:
+        self.study = study
+        self.trial = trial
+        self.state = state
+        self.values = values
+
+    def __call__(self) -> None:
+        from optuna.trial import TrialState
+
+        if self.state == TrialState.COMPLETE:
+            self.study.tell(self.trial, self.values)
+        else:
+            self.study.tell(self.trial, state=self.state)
+
+    def recover(self) -> tuple[bool, None]:
+        from optuna.exceptions import UpdateFinishedTrialError
+
+        frozen = self.trial.storage.get_trial(self.trial._trial_id)
+        if not frozen.state.is_finished():
+            return False, None
+        if frozen.state == self.state:
+            return True, None
+        raise UpdateFinishedTrialError(
+            f"Trial {self.trial.number} is {frozen.state.name} already; its result is not told."
+        )
 
 
 def return_to_queue(trial: optuna.Trial) -> bool:

@@ -67,7 +67,8 @@ class StudyCalls:
         self.window = window
 
     def _call(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
-        """The one door to the storage: ``fn`` within the outage window."""
+        """The one door to the storage: ``fn`` within the outage window (``OutageWindow.call``:
+        a ``fn`` with a ``recover`` method is an idempotent call)."""
         return self.window.call(fn, *args, **kwargs)
 
     # ------------------------------------------------------------------ taking a trial
@@ -84,8 +85,7 @@ class StudyCalls:
         tried again after a lost answer takes the trial the lost try claimed, if it did."""
         if self._config.study.n_trials is None:
             return self._call(self.study.ask)
-        claim = _records.PopClaim(self.study, uuid.uuid4().hex)
-        return self.window.attempt(claim.pop, recover=claim.recover)
+        return self._call(_records.PopClaim(self.study, uuid.uuid4().hex))
 
     def keep_alive(self, trial: optuna.Trial) -> contextlib.ExitStack:
         """Start ``trial``'s heartbeat (RDB storages) or lease (the others): a worker killed
@@ -153,18 +153,7 @@ class StudyCalls:
             self._tell(trial, TrialState.FAIL)
 
     def _tell(self, trial: optuna.Trial, state: Any, values: list[float] | None = None) -> None:
-        """``study.tell``, tried again only while the trial is not finished: a try whose
-        answer was lost may have committed it (then it is told); finished in another state,
-        another worker took it for dead (``UpdateFinishedTrialError``, as a first try)."""
-        from optuna.trial import TrialState
-
-        def tell() -> None:
-            if state == TrialState.COMPLETE:
-                self.study.tell(trial, values)
-            else:
-                self.study.tell(trial, state=state)
-
-        return self.window.attempt(tell, recover=lambda: _records.told_already(trial, state))
+        self._call(_records.TellOnce(self.study, trial, state, values))
 
     def tell_infeasible(self, trial: optuna.Trial, excess: int, reason: str) -> None:
         """A layout larger than the group: the rank constraint > 0, the reason, and the worst

@@ -272,8 +272,10 @@ class OutageWindow:
 
     # ------------------------------------------------------------------ calls
     def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """``fn(*args, **kwargs)``, tried again on connection errors within the window."""
-        return self.attempt(functools.partial(fn, *args, **kwargs))
+        """``fn(*args, **kwargs)``, tried again on connection errors within the window. A
+        ``fn`` with a ``recover`` method is made idempotent with it (``attempt``)."""
+        recover = getattr(fn, "recover", None)
+        return self.attempt(functools.partial(fn, *args, **kwargs), recover=recover)
 
     def attempt(
         self,
