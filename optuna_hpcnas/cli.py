@@ -473,6 +473,9 @@ _STARTER_HEAD = """\
 _STARTER_TAIL = """
 [distributed]                  # under mpirun/srun: ranks per evaluation group
 group_size = 1
+
+[storage]                      # a storage that goes away (restart, fail-over) is waited for
+outage_tolerance_s = 120       # this long; past it the run exits 75: `hpcnas resume` goes on
 """
 _STARTERS = {
     "digits-small": """
