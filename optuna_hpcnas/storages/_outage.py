@@ -79,6 +79,24 @@ def _is_connection_level(error: BaseException) -> bool:
     return isinstance(error, ConnectionError)
 
 
+def _connection_link(error: BaseException) -> BaseException | None:
+    """The exception of ``error``'s chain (itself, its causes, contexts and DBAPI ``orig``)
+    that says the connection is gone, or ``None``."""
+    seen: set[int] = set()
+    todo: list[BaseException] = [error]
+    while todo and len(seen) < _CHAIN_DEPTH:
+        e = todo.pop()
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
+        if _is_connection_level(e):
+            return e
+        for linked in (e.__cause__, e.__context__, getattr(e, "orig", None)):
+            if isinstance(linked, BaseException):
+                todo.append(linked)
+    return None
+
+
 def is_connection_error(error: BaseException) -> bool:
     """Whether ``error`` means the storage's connection is gone (so the call may be tried
     again), for every backend: SQLAlchemy errors that invalidated their connection,
@@ -92,19 +110,7 @@ def is_connection_error(error: BaseException) -> bool:
         >>> is_connection_error(ValueError("Cannot tell a COMPLETE trial."))
         False
     """
-    seen: set[int] = set()
-    todo: list[BaseException] = [error]
-    while todo and len(seen) < _CHAIN_DEPTH:
-        e = todo.pop()
-        if id(e) in seen:
-            continue
-        seen.add(id(e))
-        if _is_connection_level(e):
-            return True
-        for linked in (e.__cause__, e.__context__, getattr(e, "orig", None)):
-            if isinstance(linked, BaseException):
-                todo.append(linked)
-    return False
+    return _connection_link(error) is not None
 
 
 @dataclass(frozen=True)
@@ -143,6 +149,8 @@ class Backoff:
 
 
 def _one_line(error: BaseException) -> str:
+    """The connection error in ``error``'s chain (Optuna wraps it), in one line."""
+    error = _connection_link(error) or error
     text = " ".join(str(error).split("\n", 1)[0].split())
     return mask_url(f"{type(error).__name__}: {text}" if text else type(error).__name__)
 
