@@ -33,6 +33,7 @@ from optuna_hpcnas.storages._outage import Backoff
 from optuna_hpcnas.storages._outage import EXIT_STORAGE_UNAVAILABLE
 from optuna_hpcnas.storages._outage import is_connection_error
 from optuna_hpcnas.storages._outage import OutageWindow
+from optuna_hpcnas.storages._outage import quiet_disconnect_warnings
 from optuna_hpcnas.storages._outage import StorageUnavailable
 from optuna_hpcnas.storages._proxy import add_storage_proxy_arguments
 from optuna_hpcnas.storages._proxy import run_storage_proxy
@@ -64,6 +65,7 @@ __all__ = [
     "mask_url",
     "open_storage",
     "parse_grpc_url",
+    "quiet_disconnect_warnings",
     "rdb_storage",
     "recover_expired_trials",
     "run_storage_proxy",

@@ -13,6 +13,8 @@ logs one line, the first success after it another; once the storage has been gon
 from __future__ import annotations
 
 from collections.abc import Callable
+from collections.abc import Iterator
+import contextlib
 from dataclasses import dataclass
 import functools
 import logging
@@ -41,6 +43,42 @@ _PG_DISCONNECT_STATES = ("57P01", "57P02", "57P03")
 # (1053), connection killed (1927), lost connection reading the initial packet (2027).
 _MYSQL_DISCONNECT_CODES = frozenset({1053, 1927, 2002, 2003, 2006, 2013, 2027, 2055})
 _CHAIN_DEPTH = 16
+
+
+# What a driver says when the connection is gone, in the text of Optuna's own warning.
+_DISCONNECT_WORDS = (
+    "server closed the connection",
+    "terminating connection",
+    "connection refused",
+    "connection failed",
+    "lost connection",
+    "gone away",
+    "connection reset",
+)
+
+
+class _DisconnectWarnings(logging.Filter):
+    """Drops Optuna's "Caught an error from sqlalchemy ... Falling back" warning (meant for a
+    query with too many variables) when the error was the connection going away: the
+    window's own line says that once."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        if not text.startswith("Caught an error from sqlalchemy"):
+            return True
+        return not any(w in text.lower() for w in _DISCONNECT_WORDS)
+
+
+@contextlib.contextmanager
+def quiet_disconnect_warnings() -> Iterator[None]:
+    """While the block runs, Optuna's RDB storage does not log a lost connection itself."""
+    logger = logging.getLogger("optuna.storages._rdb.storage")
+    drop = _DisconnectWarnings()
+    logger.addFilter(drop)
+    try:
+        yield
+    finally:
+        logger.removeFilter(drop)
 
 
 class StorageUnavailable(StorageError):

@@ -31,6 +31,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from types import TracebackType
 from typing import Any
@@ -314,11 +315,41 @@ def _finished_count(url: str) -> int:
         return 0
 
 
-def _run(cmd: list[str], workdir: Path, timeout: float) -> subprocess.Popen[str]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.Popen(
-        cmd, cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
+class _Process:
+    """A command whose output is collected by a thread (a full pipe never blocks it) and
+    whose exit time is noted by whoever polls it."""
+
+    def __init__(self, cmd: list[str], workdir: Path) -> None:
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        self.proc = subprocess.Popen(
+            cmd, cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            text=True,
+        )  # fmt: skip
+        self._chunks: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+        self.exited_at: float | None = None
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self._chunks.append(line)
+
+    def poll(self) -> int | None:
+        status = self.proc.poll()
+        if status is not None and self.exited_at is None:
+            self.exited_at = time.monotonic()
+        return status
+
+    def wait(self, timeout: float) -> tuple[int, str]:
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.poll()
+        self._reader.join(timeout=10)
+        return self.proc.returncode, "".join(self._chunks)
 
 
 def run_outage_scenario(
@@ -336,29 +367,29 @@ def run_outage_scenario(
     are finished and started again ``outage_s`` later; ``hpcnas resume`` after a run that
     did not finish (once the trials it held are past their grace period)."""
     config = write_outage_config(workdir, server.url, n_trials=n_trials, tolerance_s=tolerance_s)
-    cmd = [*hpcnas_command(ranks), "run", "--config", str(config), "--no-progress"]
-    proc = _run(cmd, workdir, timeout)
+    run = _Process([*hpcnas_command(ranks), "run", "--config", str(config), "--no-progress"],
+                   workdir)  # fmt: skip
     deadline = time.monotonic() + timeout
     while _finished_count(server.url) < stop_after:
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise RuntimeError(f"the run ended before the outage: {proc.communicate()[0]}")
+        if run.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"the run ended before the outage: {run.wait(1)[1]}")
         time.sleep(0.2)
     server.stop()
     stopped = time.monotonic()
-    time.sleep(outage_s)
+    while time.monotonic() - stopped < outage_s:
+        run.poll()
+        time.sleep(0.05)
     server.start()
     back_wall = datetime.datetime.now()
     outage = time.monotonic() - stopped
-    output, _ = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
-    stop_to_exit = time.monotonic() - stopped
+    status, output = run.wait(max(1.0, deadline - time.monotonic()))
+    assert run.exited_at is not None
     resumed = None
-    if proc.returncode != 0:
+    if status != 0:
         time.sleep(3.5)  # past the grace period of the trials the run held
         again = [*hpcnas_command(ranks), "resume", "--config", str(config), "--no-progress"]
-        run_again = _run(again, workdir, timeout)
-        resumed = (run_again.wait(timeout=timeout), run_again.communicate()[0])
-    return _result(server.url, proc.returncode, output, outage, stop_to_exit, back_wall,
+        resumed = _Process(again, workdir).wait(timeout)
+    return _result(server.url, status, output, outage, run.exited_at - stopped, back_wall,
                    resumed, n_trials)  # fmt: skip
 
 
