@@ -185,7 +185,9 @@ def test_the_window_retries_with_backoff_and_logs_one_line_each_way(
     assert all(0.25 <= s <= 4.0 for s in clock.slept) and clock.slept[-1] >= 2.0
     lines = _outage_lines(caplog)
     assert len(lines) == 2, lines
-    assert "went away" in lines[0] and "nas:***@db.example" in lines[0] and "s3cret" not in lines[0]
+    assert (
+        "went away" in lines[0] and "nas:***@db.example" in lines[0] and "s3cret" not in lines[0]
+    )
     assert "OperationalError: connection failed" in lines[0]  # the driver's, not Optuna's
     assert "is back after" in lines[1]
     assert window.outages == 1 and not window.down
