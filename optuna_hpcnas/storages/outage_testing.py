@@ -272,9 +272,16 @@ def hpcnas_command(ranks: int) -> list[str]:
 
 
 def write_outage_config(
-    workdir: Path, url: str, *, n_trials: int, tolerance_s: float, heartbeat_s: int = 1
+    workdir: Path,
+    url: str,
+    *,
+    n_trials: int,
+    tolerance_s: float,
+    heartbeat_s: int = 1,
+    sections: dict[str, dict[str, Any]] | None = None,
 ) -> Path:
-    """``hpcnas init`` in ``workdir``, its ``nas.toml`` edited for a short search on ``url``."""
+    """``hpcnas init`` in ``workdir``, its ``nas.toml`` edited for a short search on ``url``
+    (and ``sections``, table by table)."""
     import tomli_w
     import tomllib
 
@@ -290,6 +297,8 @@ def write_outage_config(
     config["storage"]["outage_tolerance_s"] = tolerance_s
     grace = 3 * heartbeat_s
     config["checkpoints"] = {"heartbeat_interval": heartbeat_s, "grace_period": grace}
+    for section, values in (sections or {}).items():
+        config.setdefault(section, {}).update(values)
     path.write_text(tomli_w.dumps(config))
     return path
 
@@ -362,11 +371,14 @@ def run_outage_scenario(
     n_trials: int = 6,
     stop_after: int = 2,
     timeout: float = 300.0,
+    sections: dict[str, dict[str, Any]] | None = None,
 ) -> OutageResult:
     """``hpcnas run`` on ``server`` (started), the server stopped once ``stop_after`` trials
     are finished and started again ``outage_s`` later; ``hpcnas resume`` after a run that
     did not finish (once the trials it held are past their grace period)."""
-    config = write_outage_config(workdir, server.url, n_trials=n_trials, tolerance_s=tolerance_s)
+    config = write_outage_config(
+        workdir, server.url, n_trials=n_trials, tolerance_s=tolerance_s, sections=sections
+    )
     run = _Process([*hpcnas_command(ranks), "run", "--config", str(config), "--no-progress"],
                    workdir)  # fmt: skip
     deadline = time.monotonic() + timeout

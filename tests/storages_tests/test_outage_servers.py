@@ -14,6 +14,7 @@ from pathlib import Path
 import time
 
 import optuna
+from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import TrialState
 import pytest
 
@@ -178,3 +179,20 @@ def test_heartbeats_go_on_across_an_outage_and_a_dead_worker_is_recovered_once(
     retries = [t for t in trials if t.system_attrs.get("failed_trial") == trial_a.number]
     assert len(retries) == 1 and retries[0].state == TrialState.WAITING
     assert b.study._storage.get_trial(trial_b._trial_id).state == TrialState.RUNNING
+
+
+def test_errors_not_about_the_connection_fail_fast_on_a_live_server(
+    postgres: PostgresServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    config = config_from_dict({"study": {"name": "ff", "storage": postgres.url, "n_trials": 1}})
+    study = optuna.create_study(study_name="ff", storage=open_storage(postgres.url))
+    calls = StudyCalls(study, config)
+    trial = study.ask()
+    study.tell(trial, 1.0)
+    started = time.monotonic()
+    with pytest.raises(UpdateFinishedTrialError):
+        calls.constrain(trial, "c", 1.0)  # a finished trial: the server answered, no retry
+    with pytest.raises(KeyError):
+        calls.checkpoint(study._storage.get_trial, 10**6)
+    assert time.monotonic() - started < 2
+    assert not calls.window.outages and "went away" not in caplog.text
