@@ -44,6 +44,9 @@ OBJECTIVE_EARLY_STOPPED = "early_stopped"
 # --- operations (CLI, dashboard, metrics) -------------------------------------------------
 # Study system attributes.
 RUN_DATA = "hpcnas:run:data"  # the [data] table the search ran on (JSON), for exports
+# Trial system attribute written with the pop that takes a budget trial (RDB storages): the
+# popping call's token, so a pop tried again after a lost answer finds the trial it took.
+RUN_CLAIM = "hpcnas:run:claim"
 
 # Distributed evaluation (optuna_hpcnas.distributed).
 DISTRIBUTED_UTILISATION = "hpcnas:distributed:utilisation"  # study: per-rank time shares (JSON)

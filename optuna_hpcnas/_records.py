@@ -9,10 +9,8 @@ themselves are in ``optuna_hpcnas._keys``.
 from __future__ import annotations
 
 from collections.abc import Callable
-from collections.abc import Iterator
 from collections.abc import Mapping
 from collections.abc import Sequence
-import contextlib
 import json
 import time
 from typing import Any
@@ -207,7 +205,7 @@ def add_budget(study: optuna.Study, n: int) -> None:
         study.add_trial(optuna.trial.create_trial(state=TrialState.WAITING))
 
 
-def pop_waiting_trial(study: optuna.Study) -> optuna.Trial | None:
+def pop_waiting_trial(study: optuna.Study, claim: str | None = None) -> optuna.Trial | None:
     """The next WAITING trial, taken atomically (``None`` when the queue is empty).
 
     Optuna pops with a read-check-write of the trial's state. PostgreSQL and MySQL lock the
@@ -216,13 +214,153 @@ def pop_waiting_trial(study: optuna.Study) -> optuna.Trial | None:
     lock. (No file lock of ours: opening and closing the database file in a process that has
     SQLite connections to it drops SQLite's POSIX locks and lets another process delete the
     write-ahead log under it.) As ``study.ask`` does, the cache is dropped first so the sampler
-    sees the trials other workers finished meanwhile.
+    sees the trials other workers finished meanwhile. With ``claim`` on an RDB storage, the
+    token is written into the trial in the pop's own transaction (``claimed_trial_id``).
     """
     import optuna
 
     study._thread_local.cached_all_trials = None
-    trial_id = study._pop_waiting_trial_id()
+    rdb = _rdb_storage(study._storage)
+    if claim is None or rdb is None:
+        trial_id = study._pop_waiting_trial_id()
+    else:
+        trial_id = _pop_claimed(study, rdb, claim)
     return None if trial_id is None else optuna.trial.Trial(study, trial_id)
+
+
+def _pop_claimed(study: optuna.Study, rdb: Any, claim: str) -> int | None:
+    """Optuna's RDB pop (``set_trial_state_values(RUNNING)`` on the first WAITING trial still
+    waiting under its row lock), with ``claim`` written in the same transaction."""
+    import datetime
+
+    from optuna.storages._rdb import models
+    from optuna.storages._rdb.storage import _create_scoped_session
+    from optuna.trial import TrialState
+
+    waiting = study._storage.get_all_trials(
+        study._study_id, deepcopy=False, states=(TrialState.WAITING,)
+    )
+    for candidate in waiting:
+        with _create_scoped_session(rdb.scoped_session, True) as session:
+            row = models.TrialModel.find_or_raise_by_id(
+                candidate._trial_id, session, for_update=True
+            )
+            if row.state != TrialState.WAITING:
+                continue
+            row.state = TrialState.RUNNING
+            row.datetime_start = datetime.datetime.now()
+            model, key = models.TrialSystemAttributeModel, _keys.RUN_CLAIM
+            rdb._set_trial_attr_without_commit(session, model, row.trial_id, key, claim)
+        return candidate._trial_id
+    return None
+
+
+def claimed_trial_id(study: optuna.Study, claim: str, owned_before: int | None) -> int | None:
+    """The RUNNING trial an earlier ``pop_waiting_trial(study, claim)`` took, if it did (its
+    answer lost with the connection). RDB storages: the trial carrying ``claim``; journal
+    storages: the trial this thread owns now if it owned ``owned_before`` before the pop
+    (the journal records which worker's write took a trial); others: ``None``."""
+    from optuna.trial import TrialState
+
+    rdb = _rdb_storage(study._storage)
+    if rdb is None:
+        owned = journal_owned_trial(study, sync=True)
+        if owned is None or owned == owned_before:
+            return None
+        trial = study._storage.get_trial(owned)
+        return owned if trial.state == TrialState.RUNNING else None
+    from optuna.storages._rdb import models
+
+    session = rdb.scoped_session()
+    try:
+        row = (
+            session.query(models.TrialModel.trial_id)
+            .join(models.TrialSystemAttributeModel)
+            .filter(models.TrialModel.study_id == study._study_id)
+            .filter(models.TrialModel.state == TrialState.RUNNING)
+            .filter(models.TrialSystemAttributeModel.key == _keys.RUN_CLAIM)
+            .filter(models.TrialSystemAttributeModel.value_json == json.dumps(claim))
+            .one_or_none()
+        )
+    finally:
+        session.close()
+    return None if row is None else int(row[0])
+
+
+def journal_owned_trial(study: optuna.Study, *, sync: bool = False) -> int | None:
+    """The trial this thread last took on a journal storage (``None`` elsewhere); ``sync``
+    reads the journal's new entries first (a storage call)."""
+    from optuna.storages import JournalStorage
+
+    storage = study._storage
+    if not isinstance(storage, JournalStorage):
+        return None
+    with storage._thread_lock:
+        if sync:
+            storage._sync_with_backend()
+        return storage._replay_result.owned_trial_id
+
+
+class PopClaim:
+    """One pop of the budget queue that can be tried again after a lost answer (call it
+    through ``OutageWindow.call``, which asks ``recover`` before a second try): a try that
+    took a trial but whose answer never came back is found on the storage instead of taking
+    a second one. Build it on the thread that pops (journal storages record the taker by
+    thread).
+    """
+
+    def __init__(self, study: optuna.Study, token: str) -> None:
+        self.study = study
+        self.token = token
+        self._owned_before = journal_owned_trial(study)  # in memory: no storage call
+
+    def __call__(self) -> optuna.Trial | None:
+        return pop_waiting_trial(self.study, claim=self.token)
+
+    def recover(self) -> tuple[bool, optuna.Trial | None]:
+        import optuna
+
+        trial_id = claimed_trial_id(self.study, self.token, self._owned_before)
+        if trial_id is None:
+            return False, None
+        return True, optuna.trial.Trial(self.study, trial_id)
+
+
+class TellOnce:
+    """``study.tell(trial, values)`` (or ``state=``) that can be tried again after a lost
+    answer (through ``OutageWindow.call``): before a second try ``recover`` reads the trial;
+    finished in the told state, the lost try committed it and nothing is told again;
+    finished in another state, another worker failed it meanwhile and
+    ``UpdateFinishedTrialError`` is raised, as the tell itself would have.
+    """
+
+    def __init__(
+        self, study: optuna.Study, trial: optuna.Trial, state: Any, values: list[float] | None
+    ) -> None:
+        self.study = study
+        self.trial = trial
+        self.state = state
+        self.values = values
+
+    def __call__(self) -> None:
+        from optuna.trial import TrialState
+
+        if self.state == TrialState.COMPLETE:
+            self.study.tell(self.trial, self.values)
+        else:
+            self.study.tell(self.trial, state=self.state)
+
+    def recover(self) -> tuple[bool, None]:
+        from optuna.exceptions import UpdateFinishedTrialError
+
+        frozen = self.trial.storage.get_trial(self.trial._trial_id)
+        if not frozen.state.is_finished():
+            return False, None
+        if frozen.state == self.state:
+            return True, None
+        raise UpdateFinishedTrialError(
+            f"Trial {self.trial.number} is {frozen.state.name} already; its result is not told."
+        )
 
 
 def return_to_queue(trial: optuna.Trial) -> bool:
@@ -275,15 +413,6 @@ def has_heartbeat(storage: Any) -> bool:
         and isinstance(storage, BaseHeartbeat)
         and is_heartbeat_enabled(storage)
     )
-
-
-@contextlib.contextmanager
-def heartbeat(trial: optuna.Trial) -> Iterator[None]:
-    """Send the storage's heartbeats for ``trial`` while the block runs (RDB storages)."""
-    from optuna.storages._heartbeat import get_heartbeat_thread
-
-    with get_heartbeat_thread(trial._trial_id, trial.storage):
-        yield
 
 
 # ---------------------------------------------------------------------------- run records

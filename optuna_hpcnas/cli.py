@@ -3,7 +3,9 @@
 ``hpcnas run --config nas.toml`` runs a search from a TOML file (also as
 ``mpirun -n N python -m mpi4py -m optuna_hpcnas run --config nas.toml``); the other commands
 read a study from its storage: ``--storage URL`` or ``OPTUNA_STORAGE`` (as Optuna's own CLI),
-or the ``[study]`` table of ``--config``. A user error prints one line and exits with 2.
+or the ``[study]`` table of ``--config``. A user error prints one line and exits with 2; a run
+whose storage stayed away past ``[storage] outage_tolerance_s`` prints one line and exits with
+75 (``EX_TEMPFAIL``: ``hpcnas resume`` continues it).
 """
 
 from __future__ import annotations
@@ -471,6 +473,9 @@ _STARTER_HEAD = """\
 _STARTER_TAIL = """
 [distributed]                  # under mpirun/srun: ranks per evaluation group
 group_size = 1
+
+[storage]                      # a storage that goes away (restart, fail-over) is waited for
+outage_tolerance_s = 120       # this long; past it the run exits 75: `hpcnas resume` goes on
 """
 _STARTERS = {
     "digits-small": """
@@ -604,11 +609,17 @@ def _run_config(args: argparse.Namespace) -> RunConfig:
 
 
 def _cmd_run(args: argparse.Namespace, *, resume: bool) -> int:
+    from optuna_hpcnas.distributed import finalize_mpi
     from optuna_hpcnas.run import launch
     from optuna_hpcnas.run import LaunchError
+    from optuna_hpcnas.run import StorageLost
 
     try:
         done = launch(_run_config(args), resume=resume, progress=not args.no_progress)
+    except StorageLost as e:  # every rank, each in its own time: no MPI_Abort
+        print(f"hpcnas {args.command}: error: {mask_url(str(e))}", file=sys.stderr, flush=True)
+        finalize_mpi(e.exit_status)
+        return e.exit_status
     except LaunchError as e:
         raise CLIError(str(e)) from None
     if done.rank != 0:
@@ -813,10 +824,17 @@ def _add_storage_proxy_args(p: argparse.ArgumentParser) -> None:
 # name -> (one-line help, description, argument adder)
 _SUBCOMMANDS: dict[str, tuple[str, str, Any]] = {
     "init": ("write a commented starter nas.toml", "write a starter config", _add_init_args),
-    "run": ("run a search from a TOML config", "run a search from a TOML config", _add_run_args),
+    "run": (
+        "run a search from a TOML config",
+        "run a search from a TOML config. Exit status: 0 done, 2 a user error, 75 the "
+        "storage stayed unreachable past [storage] outage_tolerance_s (run `hpcnas resume` "
+        "once it is back), 128+N a signal N",
+        _add_run_args,
+    ),
     "resume": (
         "continue a stopped search (same config)",
-        "run exactly the trials a stopped search left",
+        "run exactly the trials a stopped search left (exit status as `hpcnas run`: 75 when "
+        "the storage stays unreachable past [storage] outage_tolerance_s)",
         _add_run_args,
     ),
     "status": (

@@ -375,6 +375,28 @@ class MetricsConfig:
         check_number("refresh_seconds", self.refresh_seconds)
 
 
+@dataclass(frozen=True)
+class StorageConfig:
+    """``[storage]``: how a run rides out its storage going away.
+
+    ``outage_tolerance_s``: seconds a storage may stay unreachable (a database restarted, a
+    fail-over, a Redis killed and restarted) while the run waits for it: every storage call
+    of the run is tried again with capped exponential backoff on connection errors, training
+    goes on, and results finished meanwhile are written once it is back. Past it every rank
+    exits with status 75 and ``hpcnas resume`` continues. 0 gives up at the first connection
+    error.
+    """
+
+    outage_tolerance_s: float = 120.0
+
+    def __post_init__(self) -> None:
+        check_number("outage_tolerance_s", self.outage_tolerance_s, positive=False)
+        if self.outage_tolerance_s < 0:
+            raise ValueError(
+                f"`outage_tolerance_s` is {self.outage_tolerance_s}, but must be >= 0."
+            )
+
+
 def _stage_plan() -> Any:
     from optuna_hpcnas.pruners import StagePlan
 
@@ -403,6 +425,7 @@ class RunConfig:
     checkpoints: CheckpointConfig = field(default_factory=CheckpointConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     export: Any = field(default_factory=_export_recipe)
+    storage: StorageConfig = field(default_factory=StorageConfig)
 
     def __post_init__(self) -> None:
         self.enqueued_params()  # a wrong entry is one line when the config is read
@@ -470,6 +493,7 @@ def _section_classes() -> dict[str, Any]:
         "checkpoints": CheckpointConfig,
         "metrics": MetricsConfig,
         "export": ScratchTrainingConfig,
+        "storage": StorageConfig,
     }
 
 
@@ -486,6 +510,7 @@ SECTIONS = (
     "checkpoints",
     "metrics",
     "export",
+    "storage",
 )
 
 
@@ -630,6 +655,7 @@ __all__ = [
     "RunConfig",
     "SamplerConfig",
     "SpaceConfig",
+    "StorageConfig",
     "StudyConfig",
     "TrainingSection",
     "config_from_dict",

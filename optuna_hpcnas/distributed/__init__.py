@@ -12,6 +12,7 @@ from optuna_hpcnas.distributed._config import DistributedConfig
 from optuna_hpcnas.distributed._groups import assign_groups
 from optuna_hpcnas.distributed._groups import Comm
 from optuna_hpcnas.distributed._groups import EvaluationGroup
+from optuna_hpcnas.distributed._groups import finalize_mpi
 from optuna_hpcnas.distributed._groups import form_groups
 from optuna_hpcnas.distributed._groups import launched_rank_and_size
 from optuna_hpcnas.distributed._groups import Placement
@@ -43,6 +44,7 @@ __all__ = [
     "TrialTask",
     "UtilisationTracker",
     "assign_groups",
+    "finalize_mpi",
     "form_groups",
     "launched_rank_and_size",
     "rank_context",

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import logging
 import os
 import sys
+import threading
 from typing import Any
 from typing import Protocol
 
@@ -164,6 +165,29 @@ def world_comm() -> Comm:
     except ImportError:
         return _SelfComm()
     return MPI.COMM_WORLD
+
+
+def finalize_mpi(status: int, *, deadline: float = 15.0) -> None:
+    """End MPI on this rank before it exits with ``status`` on its own (every rank of the job
+    does the same, in its own time): ``python -m mpi4py`` turns a non-zero exit of a
+    process whose MPI is still running into ``MPI_Abort`` and its noise. When ``MPI.Finalize``
+    has not returned within ``deadline`` seconds (a rank that left a collective behind), the
+    process ends at once with ``status``. Nothing happens without a running MPI."""
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is None or not mpi.Is_initialized() or mpi.Is_finalized():
+        return
+
+    def force() -> None:
+        logging.shutdown()
+        os._exit(status)
+
+    timer = threading.Timer(deadline, force)
+    timer.daemon = True
+    timer.start()
+    try:
+        mpi.Finalize()
+    finally:
+        timer.cancel()
 
 
 def rank_context(comm: Any) -> RankContext:

@@ -21,7 +21,17 @@ from typing import Any
 
 class GroupError(RuntimeError):
     """Raised on every rank of a group when its leader failed (the leader's error is chained
-    on the leader and quoted in the message elsewhere)."""
+    on the leader and quoted in the message elsewhere).
+
+    Attributes:
+        error_type: The class name of the leader's error.
+        leader_message: The leader's error message.
+    """
+
+    def __init__(self, message: str, *, error_type: str = "", leader_message: str = "") -> None:
+        super().__init__(message)
+        self.error_type = error_type
+        self.leader_message = leader_message
 
 
 @dataclass(frozen=True)
@@ -81,7 +91,9 @@ class GroupChannel:
         if isinstance(payload, _Failure):
             raise GroupError(
                 f"The leader of evaluation group {self._group_index} failed {payload.where}: "
-                f"{payload.error_type}: {payload.message}"
+                f"{payload.error_type}: {payload.message}",
+                error_type=payload.error_type,
+                leader_message=payload.message,
             )
         return payload
 

@@ -14,6 +14,7 @@ from optuna_hpcnas._records import utilisation_from_study
 from optuna_hpcnas.run._launch import launch
 from optuna_hpcnas.run._launch import Launched
 from optuna_hpcnas.run._launch import LaunchError
+from optuna_hpcnas.run._launch import StorageLost
 from optuna_hpcnas.run._search import build_objective
 from optuna_hpcnas.run._search import run_search
 from optuna_hpcnas.run._threads import configure_threads
@@ -22,6 +23,7 @@ from optuna_hpcnas.run._threads import thread_share
 __all__ = [
     "LaunchError",
     "Launched",
+    "StorageLost",
     "build_objective",
     "configure_threads",
     "launch",

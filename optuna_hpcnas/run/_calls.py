@@ -2,25 +2,31 @@
 
 The leader's ask and write threads (``run/_queue.py``), the keep-alive of its trials
 (heartbeats or leases), its sweeps of dead workers' trials and its checkpoint writes reach
-the study only through this object, and every method goes through ``_call``. A policy for
-the storage going away (retries with backoff, a grace after reconnecting) wraps ``_call``
-once instead of every call site.
+the study only through this object, and every method goes through ``_call``: the process's
+``OutageWindow`` (``storages/_outage.py``) tries a call again while the storage is away, up
+to ``[storage] outage_tolerance_s``. Calls that may have taken effect on a try whose answer
+was lost are made idempotent here: a tell first reads the trial's state, a pop finds the
+trial it claimed. Sweeps wait a grace period after the storage is back, so the trials whose
+heartbeats the outage held up are not taken for dead.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 import contextlib
+import logging
 import math
 from typing import Any
 from typing import ParamSpec
 from typing import TYPE_CHECKING
 from typing import TypeVar
+import uuid
 
 from optuna_hpcnas import _keys
 from optuna_hpcnas import _records
 from optuna_hpcnas.run._study import grace_period
 from optuna_hpcnas.run._study import recover_dead_trials
+from optuna_hpcnas.storages import OutageWindow
 
 if TYPE_CHECKING:
     import optuna
@@ -32,6 +38,7 @@ if TYPE_CHECKING:
     from optuna_hpcnas.search_space import Architecture
     from optuna_hpcnas.search_space import HierarchicalSearchSpace
 
+_logger = logging.getLogger(__name__)
 P = ParamSpec("P")
 T = TypeVar("T")
 _WORST = {"maximize": -math.inf, "minimize": math.inf}
@@ -43,39 +50,59 @@ class StudyCalls:
     Args:
         study: The run's study (this leader's ``optuna.Study``).
         config: The run configuration (budget, keep-alive and retry settings, the plan).
+        window: The process's outage window (default: one from ``[storage]``, whose sweeps
+            wait the grace period and the longest backoff after the storage is back).
     """
 
-    def __init__(self, study: optuna.Study, config: RunConfig) -> None:
+    def __init__(
+        self, study: optuna.Study, config: RunConfig, window: OutageWindow | None = None
+    ) -> None:
         self.study = study
         self._config = config
+        if window is None:
+            window = OutageWindow(
+                config.study.resolved_storage(), tolerance=config.storage.outage_tolerance_s
+            )
+            window.quiet = grace_period(config) + window.backoff.cap
+        self.window = window
 
     def _call(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
-        """The one door to the storage (issue 23 wraps its retry policy around it)."""
-        return fn(*args, **kwargs)
+        """The one door to the storage: ``fn`` within the outage window (``OutageWindow.call``:
+        a ``fn`` with a ``recover`` method is an idempotent call)."""
+        return self.window.call(fn, *args, **kwargs)
 
     # ------------------------------------------------------------------ taking a trial
     def sweep(self) -> None:
-        """Fail and queue again the trials of dead workers (``run._study``)."""
+        """Fail and queue again the trials of dead workers (``run._study``); not while the
+        storage is away nor for the window's quiet time after it is back."""
+        if not self.window.sweeps_allowed():
+            _logger.debug("No sweep: the storage was away a moment ago.")
+            return
         self._call(recover_dead_trials, self.study, self._config)
 
     def take(self) -> optuna.Trial | None:
-        """The next budget trial, popped atomically, or (no ``n_trials``) a new ask."""
+        """The next budget trial, popped atomically, or (no ``n_trials``) a new ask. A pop
+        tried again after a lost answer takes the trial the lost try claimed, if it did."""
         if self._config.study.n_trials is None:
             return self._call(self.study.ask)
-        return self._call(_records.pop_waiting_trial, self.study)
+        return self._call(_records.PopClaim(self.study, uuid.uuid4().hex))
 
     def keep_alive(self, trial: optuna.Trial) -> contextlib.ExitStack:
         """Start ``trial``'s heartbeat (RDB storages) or lease (the others): a worker killed
-        at any point from now on leaves it recoverable. Close the stack to stop it."""
+        at any point from now on leaves it recoverable. Close the stack to stop it. Both
+        go on across a storage outage (``OutageWindow``)."""
+        from optuna_hpcnas.storages import TrialHeartbeat
         from optuna_hpcnas.storages import TrialLease
 
         stack = contextlib.ExitStack()
+        keeper: TrialHeartbeat | TrialLease
         if _records.has_heartbeat(trial.storage):
-            self._call(stack.enter_context, _records.heartbeat(trial))
+            keeper = TrialHeartbeat(trial, self.window)
         else:
             interval = float(self._config.checkpoints.heartbeat_interval)
-            lease = TrialLease(trial, interval=interval, grace_period=grace_period(self._config))
-            self._call(stack.enter_context, lease)
+            grace = grace_period(self._config)
+            keeper = TrialLease(trial, interval=interval, grace_period=grace, window=self.window)
+        self._call(stack.enter_context, keeper)
         return stack
 
     def suggest(self, space: HierarchicalSearchSpace, trial: optuna.Trial) -> Architecture:
@@ -119,11 +146,14 @@ class StudyCalls:
         self._call(_records.set_trial_attrs, trial, user=user, system=system)
         if outcome.state == "complete":
             assert outcome.values is not None
-            self._call(self.study.tell, trial, list(outcome.values))
+            self._tell(trial, TrialState.COMPLETE, list(outcome.values))
         elif outcome.state == "pruned":
-            self._call(self.study.tell, trial, state=TrialState.PRUNED)
+            self._tell(trial, TrialState.PRUNED)
         else:
-            self._call(self.study.tell, trial, state=TrialState.FAIL)
+            self._tell(trial, TrialState.FAIL)
+
+    def _tell(self, trial: optuna.Trial, state: Any, values: list[float] | None = None) -> None:
+        self._call(_records.TellOnce(self.study, trial, state, values))
 
     def tell_infeasible(self, trial: optuna.Trial, excess: int, reason: str) -> None:
         """A layout larger than the group: the rank constraint > 0, the reason, and the worst
@@ -132,8 +162,9 @@ class StudyCalls:
         if _keys.CLUSTER_RANKS_CONSTRAINT not in trial.constraints:
             self._call(trial.set_constraint, _keys.CLUSTER_RANKS_CONSTRAINT, float(excess))
         self._call(_records.set_trial_system_attr, trial, _keys.DISTRIBUTED_INFEASIBLE, reason)
-        worst = [_WORST[d] for d in self._config.directions]
-        self._call(self.study.tell, trial, worst)
+        from optuna.trial import TrialState
+
+        self._tell(trial, TrialState.COMPLETE, [_WORST[d] for d in self._config.directions])
 
     def requeue(self, trial: optuna.Trial, reason: str) -> bool:
         """Fail a running trial and queue its retry at once (a signal stopped the worker)."""

@@ -19,12 +19,15 @@ from typing import Any
 from typing import TYPE_CHECKING
 from typing import TypeVar
 
+from optuna_hpcnas.distributed import GroupError
 from optuna_hpcnas.distributed._groups import world_comm
 from optuna_hpcnas.run._search import run_search
+from optuna_hpcnas.storages import EXIT_STORAGE_UNAVAILABLE
 from optuna_hpcnas.storages import mask_url
 from optuna_hpcnas.storages import open_storage
 from optuna_hpcnas.storages import storage_kind
 from optuna_hpcnas.storages import StorageError
+from optuna_hpcnas.storages import StorageUnavailable
 
 if TYPE_CHECKING:
     from optuna_hpcnas.config import RunConfig
@@ -39,6 +42,14 @@ T = TypeVar("T")
 class LaunchError(Exception):
     """A user error before or during the launch (a storage, a study, a missing artifact
     store): one line, the same on every rank."""
+
+
+class StorageLost(LaunchError):
+    """The storage stayed unreachable past ``[storage] outage_tolerance_s`` during the run:
+    one line naming it (password masked); the command exits with ``exit_status`` (75,
+    ``EX_TEMPFAIL``) and ``hpcnas resume`` continues once it is back."""
+
+    exit_status = EXIT_STORAGE_UNAVAILABLE
 
 
 @dataclass(frozen=True)
@@ -96,11 +107,24 @@ def launch(config: RunConfig, *, resume: bool, progress: bool = True) -> Launche
             metrics = _observe(stack, config, resume=resume, size=comm.Get_size(), show=progress)
         try:
             run_search(config, comm=comm, metrics=metrics, data=data)
+        except StorageUnavailable as e:  # the leader of this rank's group
+            raise StorageLost(_resume_hint(str(e))) from None
+        except GroupError as e:
+            if e.error_type != StorageUnavailable.__name__:
+                raise
+            raise StorageLost(_resume_hint(e.leader_message)) from None
         except StorageError as e:  # e.g. checkpoints on a journal without an artifact store
             raise LaunchError(str(e)) from None
     if comm.Get_rank() != 0:
         return Launched(storage, name, comm.Get_rank(), ran=True)
     return Launched(storage, name, 0, ran=True, status=_finish(config))
+
+
+def _resume_hint(message: str) -> str:
+    return (
+        f"{message}; the running trials are retried: run `hpcnas resume` with the same "
+        "config once the storage is back"
+    )
 
 
 def _load_data(config: RunConfig) -> TaskData:

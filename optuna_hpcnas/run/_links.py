@@ -98,6 +98,8 @@ class LeaderLink:
     def _report(self, epoch: int, value: float | None, fault: str | None) -> Decision:
         """The report, queued on the write thread; its verdict is awaited only when it could
         be anything but "continue"."""
+        with self._channel.leader_section(f"at epoch {epoch}"):
+            self._queue.check_storage()  # past the outage window: the whole group stops
         if fault is not None:
             return Decision.FAIL
         if not self.plan.report or value is None:

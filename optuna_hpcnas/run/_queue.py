@@ -267,7 +267,13 @@ class LeaderQueue:
     # ------------------------------------------------------------------ taking
     def check(self) -> None:
         """Raise the error of a queued write that failed (where the loop can share it)."""
+        self.calls.window.check()
         self._writes.check()
+
+    def check_storage(self) -> None:
+        """Raise ``StorageUnavailable`` once the storage has been away past the window (at
+        an epoch: the run then ends within one epoch, not at the next trial)."""
+        self.calls.window.check()
 
     def next(self) -> Taken | None:
         """The trial to run next (main thread), ``None`` when none is left."""
@@ -350,10 +356,13 @@ class LeaderQueue:
 
     def close(self) -> None:
         """Finish the queued writes (the last tell first), give back what was asked but not
-        started, stop every heartbeat and lease; errors are logged (also on a signal)."""
+        started, stop every heartbeat and lease; errors are logged (also on a signal). With
+        the storage gone past the window nothing is given back: the trials held stay
+        RUNNING until their heartbeats or leases are stale, then a sweep retries them."""
         self._writes.close()
         self._asker.thread.close()
-        self._give_back()
+        if not self.calls.window.gave_up:
+            self._give_back()
         self._alive.close()
 
     def _give_back(self) -> None:

@@ -29,6 +29,7 @@ from optuna_hpcnas.run._loop import LoopHooks
 from optuna_hpcnas.run._queue import LeaderQueue
 from optuna_hpcnas.run._study import open_study
 from optuna_hpcnas.run._threads import configure_threads
+from optuna_hpcnas.storages import quiet_disconnect_warnings
 
 if TYPE_CHECKING:
     from optuna_hpcnas.checkpoints import PreemptionGuard
@@ -112,7 +113,8 @@ def run_search(
     # only layouts every group can run: no trial is spent on one that cannot
     space = space.fitting(min(group.sizes))
     try:
-        _run(config, comm, group, space, tracker, metrics, data)
+        with quiet_disconnect_warnings():  # an outage is said once, by the OutageWindow
+            _run(config, comm, group, space, tracker, metrics, data)
     finally:
         group.free()
 

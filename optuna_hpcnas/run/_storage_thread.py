@@ -73,10 +73,14 @@ class StorageThread:
     def close(self) -> None:
         """Finish the queued calls and stop the thread; errors are logged, not raised (it
         runs on the way out of an error or a signal)."""
+        from optuna_hpcnas.storages import StorageUnavailable
+
         self._pool.shutdown(wait=True)
         for future in self._pending:
             error = future.exception()
-            if error is not None:
+            if isinstance(error, StorageUnavailable):  # said once, by the command's last line
+                _logger.debug("A storage call failed on the way out: %r", error)
+            elif error is not None:
                 _logger.error("A storage call failed on the way out: %r", error)
         self._pending.clear()
 

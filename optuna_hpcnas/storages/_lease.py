@@ -22,6 +22,7 @@ study need synchronised clocks (NTP), as Optuna's heartbeats assume too.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 import copy
 import datetime
 import logging
@@ -37,6 +38,8 @@ from optuna_hpcnas._records import trials_with_heartbeat
 
 if TYPE_CHECKING:
     import optuna
+
+    from optuna_hpcnas.storages._outage import OutageWindow
 
 _logger = logging.getLogger(__name__)
 
@@ -64,6 +67,9 @@ class TrialLease:
         interval: Seconds between renewals.
         grace_period: Seconds a lease stays valid after each renewal (default
             ``2 * interval``, as Optuna's heartbeat grace period). Must exceed ``interval``.
+        window: The process's :class:`OutageWindow`: a renewal that finds the storage gone
+            is reported there (one line for the whole outage) and tried again at the next
+            interval; renewals stop once the window has run out.
 
     Example:
         .. code-block:: python
@@ -81,6 +87,7 @@ class TrialLease:
         *,
         interval: float = 30.0,
         grace_period: float | None = None,
+        window: OutageWindow | None = None,
     ) -> None:
         import optuna
 
@@ -102,6 +109,7 @@ class TrialLease:
         self._grace_period = float(grace_period)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._window = window
 
     @property
     def trial_number(self) -> int:
@@ -138,6 +146,10 @@ class TrialLease:
 
     def _run(self) -> None:
         while not self._stop.wait(self._interval):
+            if self._window is not None:
+                if not _beat(self._window, self.renew, f"lease of trial {self._number}"):
+                    return
+                continue
             try:
                 if not self.renew():
                     _logger.debug(
@@ -152,6 +164,84 @@ class TrialLease:
                     e,
                     self._interval,
                 )
+
+
+def _beat(window: OutageWindow, renew: Callable[[], bool], what: str) -> bool:
+    """One renewal through ``window`` (no retry: the next interval is the retry); whether to
+    go on renewing."""
+    from optuna_hpcnas.storages._outage import is_connection_error
+    from optuna_hpcnas.storages._outage import StorageUnavailable
+
+    try:
+        if not renew():
+            return False
+    except Exception as e:
+        if not is_connection_error(e):
+            _logger.warning("Could not renew the %s (%s: %s).", what, type(e).__name__, e)
+            return True
+        try:
+            window.failed(e)
+        except StorageUnavailable:
+            return False
+        return True
+    window.succeeded()
+    return True
+
+
+class TrialHeartbeat:
+    """Optuna's heartbeat of a running trial on an RDB storage, sent through an
+    :class:`OutageWindow`.
+
+    Optuna's own heartbeat thread ends at the first error, with a traceback, so a trial alive
+    across a storage outage would never beat again and be taken for dead. This one records a
+    heartbeat at once on entry (an error there propagates, as :class:`TrialLease` does), then
+    every ``heartbeat_interval`` of the storage from a daemon thread; a heartbeat that finds
+    the storage gone is reported to ``window`` and sent again at the next interval.
+
+    Args:
+        trial: The running trial.
+        window: The process's outage window.
+    """
+
+    def __init__(self, trial: optuna.trial.Trial, window: OutageWindow) -> None:
+        storage = trial.storage
+        interval = storage.get_heartbeat_interval()  # type: ignore[attr-defined]
+        if interval is None:
+            raise ValueError(f"The storage of trial {trial.number} records no heartbeats.")
+        self._storage = storage
+        self._trial_id = trial._trial_id
+        self._number = trial.number
+        self._interval = float(interval)
+        self._window = window
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def beat(self) -> bool:
+        self._storage.record_heartbeat(self._trial_id)  # type: ignore[attr-defined]
+        return True
+
+    def __enter__(self) -> TrialHeartbeat:
+        if self._thread is not None:
+            raise RuntimeError(f"The heartbeat of trial {self._number} is already running.")
+        self.beat()
+        self._stop.clear()
+        self._thread = threading.Thread(
+            target=self._run, name=f"hpcnas-heartbeat-{self._number}", daemon=True
+        )
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=self._interval + 10.0)
+            self._thread = None
+
+    def _run(self) -> None:
+        what = f"heartbeat of trial {self._number}"
+        while not self._stop.wait(self._interval):
+            if not _beat(self._window, self.beat, what):
+                return
 
 
 def lease_expiry(trial: optuna.trial.FrozenTrial) -> float | None:

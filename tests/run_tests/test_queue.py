@@ -66,14 +66,14 @@ def test_every_storage_call_of_the_leaders_threads_goes_through_study_calls(
     assert not around, sorted(set(around))
     for name in (
         "recover_dead_trials",  # the sweep
-        "pop_waiting_trial",  # the budget trial
+        "PopClaim",  # the budget trial
         "ExitStack.enter_context",  # its heartbeat
         "suggest_architecture",  # the sampler, its parameters and the architecture record
         "TrialPlan.for_study",
         "finished_architectures",  # the population
         "report_epoch",  # a report and the pruner's verdict
         "set_trial_attrs",
-        "Study.tell",
+        "TellOnce",
         "CheckpointManager.save",  # the supernet checkpoints
         "store_utilisation",
     ):
