@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 from typing import TYPE_CHECKING
-import warnings
 
 from optuna_hpcnas import _records
 
@@ -48,17 +47,11 @@ def grace_period(config: RunConfig) -> float:
 
 
 def recover_dead_trials(study: optuna.Study, config: RunConfig) -> None:
-    """Fail and re-queue the trials of dead workers: Optuna's heartbeat sweep on RDB storages,
-    then the lease sweep (storages without heartbeats, and trials killed before their first
-    heartbeat)."""
-    import optuna
-
+    """Fail the trials of dead workers and queue each one's retry, once: stale heartbeats
+    (RDB storages), expired leases (storages without heartbeats), and trials killed before
+    their first heartbeat (``optuna_hpcnas.storages.recover_expired_trials``)."""
     from optuna_hpcnas.storages import recover_expired_trials
 
-    if _records.has_heartbeat(study._storage):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            optuna.storages.fail_stale_trials(study)
     for number in recover_expired_trials(
         study, grace_period=grace_period(config), max_retry=config.checkpoints.max_retry
     ):
