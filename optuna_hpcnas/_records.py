@@ -204,8 +204,31 @@ def add_budget(study: optuna.Study, n: int) -> None:
     import optuna
     from optuna.trial import TrialState
 
+    marker = {_keys.RUN_BUDGET_TRIAL: True}
     for _ in range(n):
-        study.add_trial(optuna.trial.create_trial(state=TrialState.WAITING))
+        study.add_trial(optuna.trial.create_trial(state=TrialState.WAITING, system_attrs=marker))
+
+
+def record_budget(study: optuna.Study, total: int) -> None:
+    """The number of budget trials the study's runs asked for in all (before they are queued:
+    a run killed while queuing is resumed with its whole budget)."""
+    set_study_system_attr(study, _keys.RUN_BUDGET, int(total))
+
+
+def recorded_budget(study: optuna.Study) -> int | None:
+    """``record_budget``'s number (``None`` for studies of older versions)."""
+    value = study_system_attrs(study).get(_keys.RUN_BUDGET)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def queued_budget(study: optuna.Study) -> int:
+    """Budget trials in the study, whatever their state (retries are not counted: they
+    carry ``failed_trial``)."""
+    return sum(
+        1
+        for t in study.get_trials(deepcopy=False)
+        if t.system_attrs.get(_keys.RUN_BUDGET_TRIAL) and "failed_trial" not in t.system_attrs
+    )
 
 
 def pop_waiting_trial(study: optuna.Study) -> optuna.Trial | None:

@@ -80,7 +80,7 @@ def launch(config: RunConfig, *, resume: bool, progress: bool = True) -> Launche
     # the data first: a file that cannot be used is one line, before any storage is created
     data = _load_data(config)
     if resume:
-        waiting = _on_root(comm, lambda: _remaining_budget(storage, name))
+        waiting = _on_root(comm, lambda: _remaining_budget(config))
         if waiting == 0:
             return Launched(storage, name, comm.Get_rank(), ran=False)
         # Run exactly the trials the stopped job left in the queue.
@@ -95,7 +95,7 @@ def launch(config: RunConfig, *, resume: bool, progress: bool = True) -> Launche
         if comm.Get_rank() == 0:
             metrics = _observe(stack, config, resume=resume, size=comm.Get_size(), show=progress)
         try:
-            run_search(config, comm=comm, metrics=metrics, data=data)
+            run_search(config, comm=comm, metrics=metrics, data=data, resume=resume)
         except StorageError as e:  # e.g. checkpoints on a journal without an artifact store
             raise LaunchError(str(e)) from None
     if comm.Get_rank() != 0:
@@ -136,12 +136,14 @@ def _check_storage(url: str) -> None:
         raise LaunchError(str(e)) from None
 
 
-def _remaining_budget(url: str, name: str) -> int:
-    """The WAITING and RUNNING trials of the study to resume (a RUNNING trial of a killed
-    run is retried once its heartbeat or lease is stale)."""
+def _remaining_budget(config: RunConfig) -> int:
+    """The trials of the study to resume (``run._study.trials_to_resume``: dead trials swept
+    and retried first, the recorded budget queued in full)."""
     import optuna
-    from optuna.trial import TrialState
 
+    from optuna_hpcnas.run._study import trials_to_resume
+
+    url, name = config.study.resolved_storage(), config.study.name
     try:
         opened = open_storage(url, must_exist=True)
         names = [s.study_name for s in optuna.study.get_all_study_summaries(storage=opened)]
@@ -154,9 +156,7 @@ def _remaining_budget(url: str, name: str) -> int:
             f"no study {name!r} to resume in {mask_url(url)} (studies there: "
             f"{names or 'none'}); start it with `hpcnas run`"
         )
-    study = optuna.load_study(study_name=name, storage=opened)
-    states = (TrialState.WAITING, TrialState.RUNNING)
-    return len(study.get_trials(deepcopy=False, states=states))
+    return trials_to_resume(config)
 
 
 def _observe(

@@ -87,6 +87,7 @@ def run_search(
     comm: Comm | None = None,
     metrics: SearchMetrics | None = None,
     data: TaskData | None = None,
+    resume: bool = False,
 ) -> None:
     """Run the search a ``RunConfig`` describes on every rank of ``comm``.
 
@@ -103,7 +104,8 @@ def run_search(
     ``[checkpoints] enabled`` the supernet is checkpointed into the study's database and
     restored at start, and SIGTERM/SIGUSR1 checkpoint at once, re-queue the running trial and
     exit within ``exit_deadline`` seconds. ``data``: the ``[data]`` task if the caller loaded
-    it already (``hpcnas run`` does, before it touches the storage).
+    it already (``hpcnas run`` does, before it touches the storage). ``resume``: run what the
+    study has left (``hpcnas resume``), never adding to its budget.
     """
     comm = comm if comm is not None else world_comm()
     tracker = UtilisationTracker()
@@ -112,7 +114,7 @@ def run_search(
     # only layouts every group can run: no trial is spent on one that cannot
     space = space.fitting(min(group.sizes))
     try:
-        _run(config, comm, group, space, tracker, metrics, data)
+        _run(config, comm, group, space, tracker, metrics, data, resume)
     finally:
         group.free()
 
@@ -125,6 +127,7 @@ def _run(
     tracker: UtilisationTracker,
     metrics: SearchMetrics | None,
     data: TaskData | None,
+    resume: bool,
 ) -> None:
     import torch
 
@@ -142,7 +145,7 @@ def _run(
         data = data if data is not None else config.data.load()
         objective = build_objective(config, space, data, device)
     with tracker.track("storage"):
-        study = open_study(config, comm, group)
+        study = open_study(config, comm, group, resume=resume)
     calls = StudyCalls(study, config) if study is not None else None  # leaders
     checkpoints = _checkpoints(config, comm, group, calls, objective)
     if calls is not None:

@@ -340,7 +340,8 @@ def _fail_then_retry(
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ExperimentalWarning)
         retry(study, failed)
-    if limit is not None and len(failed.system_attrs.get("retry_history", ())) + 1 > limit:
+    history = failed.system_attrs.get("retry_history")
+    if limit is not None and (len(history) if isinstance(history, list) else 0) + 1 > limit:
         return failed.number, None
     return failed.number, _retry_of(study, failed.number, after=before - 1)
 
