@@ -910,6 +910,20 @@ def _setup_logging(verbose: int, quiet: bool, rank: int) -> None:
     optuna.logging.set_verbosity(level if verbose else max(level, logging.WARNING))
 
 
+def _exit_on_signals() -> None:
+    """``hpcnas run``/``resume``: SIGTERM and SIGUSR1 end the process with 128 + signal from
+    its first moment, before the run's ``PreemptionGuard`` takes over around the trials (the
+    data loading, the study's creation, the supernet warm-up: no trial is taken yet) and after
+    it (the last checkpoint, the plots). Without it they would kill the process outright."""
+    import signal
+
+    def stop(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    for s in (signal.SIGTERM, signal.SIGUSR1):
+        signal.signal(s, stop)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``hpcnas`` and ``python -m optuna_hpcnas``; returns the exit status."""
     from optuna_hpcnas._openmp import passive_openmp
@@ -920,6 +934,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
+    if args.command in ("run", "resume"):
+        _exit_on_signals()
     rank, _ = launched_rank_and_size()
     _setup_logging(args.verbose, args.quiet, rank)
     commands = {

@@ -153,7 +153,7 @@ def _run(
             _warm_up(config, objective, checkpoints, comm.Get_rank())
     averager = _averager(config, group, objective, tracker)
     engine = GroupEngine(group, config.distributed, device, batch_size=config.objective.batch_size)
-    guard = _guard(config, calls, checkpoints)
+    guard = _guard(config, comm, group, calls, checkpoints)
     queue = None
     if calls is not None:
         queue = LeaderQueue(
@@ -262,14 +262,26 @@ def _averager(
 
 
 def _guard(
-    config: RunConfig, calls: StudyCalls | None, checkpoints: SupernetCheckpoints | None
+    config: RunConfig,
+    comm: Comm,
+    group: EvaluationGroup,
+    calls: StudyCalls | None,
+    checkpoints: SupernetCheckpoints | None,
 ) -> PreemptionGuard:
-    """SIGTERM/SIGUSR1: checkpoint, fail the leader's running trial and queue its retry."""
+    """SIGTERM/SIGUSR1: checkpoint, fail the leader's running trial and queue its retry; on
+    several ranks, a signal one rank got stops every group (collective: every rank)."""
     from optuna_hpcnas.checkpoints import PreemptionGuard
 
+    peers = None
+    if comm.Get_size() > 1:
+        from optuna_hpcnas.distributed._stop import JobStop
+
+        peers = JobStop(comm, group)
     save = checkpoints.save if checkpoints is not None else None
     requeue = calls.requeue if calls is not None else None
-    return PreemptionGuard.from_config(config.checkpoints, checkpoint=save, requeue=requeue)
+    return PreemptionGuard.from_config(
+        config.checkpoints, checkpoint=save, requeue=requeue, peers=peers
+    )
 
 
 def _hooks(
