@@ -133,3 +133,63 @@ def test_signal_under_mpirun_checkpoints_every_group_and_resume_finishes(
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert again.returncode == 0 and "no trial left to run" in again.stdout
+
+
+def _world_rank(pid: int) -> int:
+    """The MPI rank of a process (MPICH's ``PMI_RANK``, Open MPI's ``OMPI_COMM_WORLD_RANK``)."""
+    env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    for entry in env:
+        for key in (b"PMI_RANK=", b"OMPI_COMM_WORLD_RANK="):
+            if entry.startswith(key):
+                return int(entry[len(key) :])
+    raise AssertionError(f"no rank in the environment of {pid}")
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_signal_to_rank_0_alone_gives_back_every_group_trial(tmp_path: Path) -> None:
+    """Issue 23: rank 0 alone gets SIGTERM; rank 1 (the other group's leader) learns of it at
+    its next step, gives back its trial too, and the job exits 143: nothing RUNNING."""
+    url = f"sqlite:///{tmp_path / 'sig.db'}"
+    config = write_config(
+        tmp_path / "nas.toml",
+        tiny_config(
+            study={"name": "sig", "storage": url, "n_trials": N_TRIALS},
+            pruner={"name": "none"},
+            data={"max_samples": 600},
+            objective={"batch_size": 8, "max_batches_per_epoch": 1000},
+            checkpoints={"heartbeat_interval": 60},  # the grace period would not help here
+            distributed={"group_size": 1},
+        ),
+    )  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [mpirun_path(), "-n", "2", sys.executable, "-m", "mpi4py", "-m", "optuna_hpcnas"]
+    proc = subprocess.Popen(
+        [*cmd, "run", "--config", str(config), "--no-progress"],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 180
+    while True:  # both groups in the middle of a trial
+        assert proc.poll() is None, proc.communicate()[0][-3000:]
+        assert time.monotonic() < deadline, "no two running trials"
+        try:
+            study = optuna.load_study(study_name="sig", storage=url)
+            running = study.get_trials(states=(TrialState.RUNNING,))
+        except Exception:  # the study is being created
+            running = []
+        if len(running) == 2:
+            break
+        time.sleep(0.1)
+    time.sleep(0.5)  # both past their first steps
+    rank0 = next(pid for pid in _ranks(proc.pid) if _world_rank(pid) == 0)
+    sent = time.monotonic()
+    os.kill(rank0, signal.SIGTERM)
+    output, _ = proc.communicate(timeout=60)
+    assert time.monotonic() - sent < 30, output[-3000:]
+    assert proc.returncode == 143, output[-3000:]
+    study = optuna.load_study(study_name="sig", storage=url)
+    trials = study.get_trials()
+    assert [t for t in trials if t.state == TrialState.RUNNING] == [], output[-3000:]
+    stopped = [t for t in trials if t.system_attrs.get(_keys.CHECKPOINT_PREEMPTED) == "SIGTERM"]
+    assert len(stopped) == 2, [(t.number, t.state) for t in trials]
+    assert "Another rank of the job received SIGTERM" in output
