@@ -98,9 +98,27 @@ def launch(config: RunConfig, *, resume: bool, progress: bool = True) -> Launche
             run_search(config, comm=comm, metrics=metrics, data=data, resume=resume)
         except StorageError as e:  # e.g. checkpoints on a journal without an artifact store
             raise LaunchError(str(e)) from None
+        except Exception as e:
+            _raise_if_out_of_space(e, "the search stopped", "run `hpcnas resume`")
+            raise
     if comm.Get_rank() != 0:
         return Launched(storage, name, comm.Get_rank(), ran=True)
-    return Launched(storage, name, 0, ran=True, status=_finish(config))
+    try:
+        status = _finish(config)
+    except Exception as e:
+        _raise_if_out_of_space(e, "every trial finished, but the summary and plots were not saved")
+        raise
+    return Launched(storage, name, 0, ran=True, status=status)
+
+
+def _raise_if_out_of_space(error: Exception, what: str, then: str = "") -> None:
+    """A full or read-only disk (the database's, the artifact directory's) as one line."""
+    from optuna_hpcnas.storages import out_of_space
+
+    cause = out_of_space(error)
+    if cause is not None:
+        after = f"; free space and {then}" if then else ""
+        raise LaunchError(f"{what}: {cause}{after}") from None
 
 
 def _load_data(config: RunConfig) -> TaskData:
@@ -156,7 +174,11 @@ def _remaining_budget(config: RunConfig) -> int:
             f"no study {name!r} to resume in {mask_url(url)} (studies there: "
             f"{names or 'none'}); start it with `hpcnas run`"
         )
-    return trials_to_resume(config)
+    try:
+        return trials_to_resume(config)
+    except Exception as e:
+        _raise_if_out_of_space(e, f"cannot resume study {name!r} in {mask_url(url)}")
+        raise
 
 
 def _observe(

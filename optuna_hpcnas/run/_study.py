@@ -77,9 +77,7 @@ def open_study(
     error: str | None = None
     if comm.Get_rank() == 0:
         try:
-            study = _create(
-                config, _storage(url, config), seed_offset=group.index, resume=resume
-            )
+            study = _create(config, _storage(url, config), seed_offset=group.index, resume=resume)
         except Exception as e:  # every rank must learn it, or they wait forever
             error = f"{type(e).__name__}: {e}"
             raise
@@ -159,8 +157,7 @@ def _fill_budget(study: optuna.Study) -> int:
     missing = 0 if total is None else total - _records.queued_budget(study)
     if missing > 0:
         _logger.warning(
-            "Study %r was stopped while its budget of %d trials was queued: queuing the "
-            "other %d.",
+            "Study %r was stopped while its budget of %d trials was queued: queuing the other %d.",
             study.study_name,
             total,
             missing,
