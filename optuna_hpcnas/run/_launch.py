@@ -103,12 +103,7 @@ def launch(config: RunConfig, *, resume: bool, progress: bool = True) -> Launche
             raise
     if comm.Get_rank() != 0:
         return Launched(storage, name, comm.Get_rank(), ran=True)
-    try:
-        status = _finish(config)
-    except Exception as e:
-        _raise_if_out_of_space(e, "every trial finished, but the summary and plots were not saved")
-        raise
-    return Launched(storage, name, 0, ran=True, status=status)
+    return Launched(storage, name, 0, ran=True, status=_finish(config))
 
 
 def _raise_if_out_of_space(error: Exception, what: str, then: str = "") -> None:
@@ -278,4 +273,7 @@ def _finish(config: RunConfig) -> dict[str, Any]:
         save_dashboard_plots(study)
     except ImportError:
         pass
+    except Exception as e:
+        _raise_if_out_of_space(e, "every trial finished, but the dashboard plots were not saved")
+        raise
     return study_status(study)
