@@ -14,9 +14,11 @@ lease has expired, or that has neither a lease nor a heartbeat record and starte
 as :class:`optuna.storages.RetryHeartbeatStaleTrialCallback` does, so
 ``RetryHeartbeatStaleTrialCallback.retried_trial_number`` and ``max_retry`` work unchanged.
 
-Several workers may sweep at once: the storage's own state transition decides which one
-re-queues a trial (``set_trial_state_values`` raises ``UpdateFinishedTrialError`` for every
-other), so a trial is re-queued once. Expiry times are wall-clock seconds: the hosts of one
+Several workers may sweep at once, and every resume sweeps again: a trial is retried exactly
+once. On RDB storages the failure, the retry and its record in the failed trial are one
+transaction on the locked trial (``_records.fail_with_retry``); on the others the storage's own
+state transition decides (``set_trial_state_values`` raises ``UpdateFinishedTrialError`` for
+every other caller). Optuna's heartbeat sweep goes through the same path. Expiry times are wall-clock seconds: the hosts of one
 study need synchronised clocks (NTP), as Optuna's heartbeats assume too.
 """
 
