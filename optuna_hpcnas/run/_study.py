@@ -183,19 +183,21 @@ def trials_to_resume(config: RunConfig) -> int:
         study_name=config.study.name, storage=_storage(config.study.resolved_storage(), config)
     )
     deadline = time.monotonic() + grace_period(config) + 2.0
-    recover_dead_trials(study, config)
-    running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-    if running:
-        _logger.info(
-            "Waiting up to %.0f s for %d RUNNING trial(s) to finish or be found dead before "
-            "counting what is left.",
-            deadline - time.monotonic(),
-            len(running),
-        )
-    while running and time.monotonic() < deadline:
-        time.sleep(0.5)
+    waited = False
+    while True:
         recover_dead_trials(study, config)
         running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+        if not running or time.monotonic() >= deadline:
+            break
+        if not waited:
+            _logger.info(
+                "Waiting up to %.0f s for %d RUNNING trial(s) to finish or be found dead "
+                "before counting what is left.",
+                deadline - time.monotonic(),
+                len(running),
+            )
+            waited = True
+        time.sleep(0.5)
     if running:
         _logger.warning(
             "%d trial(s) of study %r are still RUNNING with a live heartbeat or lease: another "

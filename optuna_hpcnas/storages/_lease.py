@@ -18,8 +18,9 @@ Several workers may sweep at once, and every resume sweeps again: a trial is ret
 once. On RDB storages the failure, the retry and its record in the failed trial are one
 transaction on the locked trial (``_records.fail_with_retry``); on the others the storage's own
 state transition decides (``set_trial_state_values`` raises ``UpdateFinishedTrialError`` for
-every other caller). Optuna's heartbeat sweep goes through the same path. Expiry times are wall-clock seconds: the hosts of one
-study need synchronised clocks (NTP), as Optuna's heartbeats assume too.
+every other caller). Optuna's heartbeat sweep goes through the same path. Expiry times are
+wall-clock seconds: the hosts of one study need synchronised clocks (NTP), as Optuna's
+heartbeats assume too.
 """
 
 from __future__ import annotations

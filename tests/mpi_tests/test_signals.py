@@ -54,12 +54,11 @@ def _ranks(pid: int) -> list[int]:
     return ranks
 
 
-@pytest.mark.mpi
-@pytest.mark.slow
-@pytest.mark.parametrize("signum", [signal.SIGUSR1, signal.SIGTERM])
-def test_signal_under_mpirun_checkpoints_every_group_and_resume_finishes(
-    tmp_path: Path, signum: signal.Signals
-) -> None:
+def _two_groups_mid_trial(
+    tmp_path: Path, checkpoints: dict[str, object], objective: dict[str, object]
+) -> tuple[subprocess.Popen[str], str, Path, list[str], dict[str, str]]:
+    """``hpcnas run`` on 2 ranks in 2 groups, returned once both groups run a trial:
+    the job, the storage URL, the config, the launch command and its environment."""
     url = f"sqlite:///{tmp_path / 'sig.db'}"
     config = write_config(
         tmp_path / "nas.toml",
@@ -67,12 +66,11 @@ def test_signal_under_mpirun_checkpoints_every_group_and_resume_finishes(
             study={"name": "sig", "storage": url, "n_trials": N_TRIALS},
             pruner={"name": "none"},
             data={"max_samples": 600},
-            objective={"batch_size": 8, "max_batches_per_epoch": 1000, "population_steps": 2},
-            checkpoints={"enabled": True, "every_n_steps": 2, "heartbeat_interval": 1,
-                         "grace_period": 2},
+            objective={"batch_size": 8, "max_batches_per_epoch": 1000, **objective},
+            checkpoints=checkpoints,
             distributed={"group_size": 1},
         ),
-    )  # fmt: skip
+    )
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     cmd = [mpirun_path(), "-n", "2", sys.executable, "-m", "mpi4py", "-m", "optuna_hpcnas"]
     proc = subprocess.Popen(
@@ -89,8 +87,21 @@ def test_signal_under_mpirun_checkpoints_every_group_and_resume_finishes(
         except Exception:  # the study is being created
             running = []
         if len(running) == 2:
-            break
+            return proc, url, config, cmd, env
         time.sleep(0.1)
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", [signal.SIGUSR1, signal.SIGTERM])
+def test_signal_under_mpirun_checkpoints_every_group_and_resume_finishes(
+    tmp_path: Path, signum: signal.Signals
+) -> None:
+    proc, url, config, cmd, env = _two_groups_mid_trial(
+        tmp_path,
+        {"enabled": True, "every_n_steps": 2, "heartbeat_interval": 1, "grace_period": 2},
+        {"population_steps": 2},
+    )
     ranks = _ranks(proc.pid)
     assert len(ranks) == 2, ranks
     sent = time.monotonic()
@@ -150,36 +161,8 @@ def _world_rank(pid: int) -> int:
 def test_signal_to_rank_0_alone_gives_back_every_group_trial(tmp_path: Path) -> None:
     """Issue 23: rank 0 alone gets SIGTERM; rank 1 (the other group's leader) learns of it at
     its next step, gives back its trial too, and the job exits 143: nothing RUNNING."""
-    url = f"sqlite:///{tmp_path / 'sig.db'}"
-    config = write_config(
-        tmp_path / "nas.toml",
-        tiny_config(
-            study={"name": "sig", "storage": url, "n_trials": N_TRIALS},
-            pruner={"name": "none"},
-            data={"max_samples": 600},
-            objective={"batch_size": 8, "max_batches_per_epoch": 1000},
-            checkpoints={"heartbeat_interval": 60},  # the grace period would not help here
-            distributed={"group_size": 1},
-        ),
-    )  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [mpirun_path(), "-n", "2", sys.executable, "-m", "mpi4py", "-m", "optuna_hpcnas"]
-    proc = subprocess.Popen(
-        [*cmd, "run", "--config", str(config), "--no-progress"],
-        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
-    deadline = time.monotonic() + 180
-    while True:  # both groups in the middle of a trial
-        assert proc.poll() is None, proc.communicate()[0][-3000:]
-        assert time.monotonic() < deadline, "no two running trials"
-        try:
-            study = optuna.load_study(study_name="sig", storage=url)
-            running = study.get_trials(states=(TrialState.RUNNING,))
-        except Exception:  # the study is being created
-            running = []
-        if len(running) == 2:
-            break
-        time.sleep(0.1)
+    # a heartbeat of 60 s: the grace period would not give the trials back in the test
+    proc, url, _, _, _ = _two_groups_mid_trial(tmp_path, {"heartbeat_interval": 60}, {})
     time.sleep(0.5)  # both past their first steps
     rank0 = next(pid for pid in _ranks(proc.pid) if _world_rank(pid) == 0)
     sent = time.monotonic()

@@ -8,7 +8,6 @@ import os
 from pathlib import Path
 import subprocess
 import sys
-import threading
 import time
 
 import optuna
@@ -21,6 +20,7 @@ from optuna_hpcnas.storages import open_storage
 from optuna_hpcnas.storages import recover_expired_trials
 
 from .conftest import backend_url
+from .conftest import sweep_in_threads
 
 pytestmark = pytest.mark.filterwarnings("ignore:Heartbeat of storage is supposed to be used")
 ROOT = Path(__file__).resolve().parents[2]
@@ -125,25 +125,13 @@ def test_concurrent_sweeper_threads_and_later_resumes_retry_once(
         )
         for _ in range(4)
     ]
-    barrier = threading.Barrier(len(sweepers))
-    won: list[int] = []
-    errors: list[BaseException] = []
 
-    def sweep(s: optuna.Study) -> None:
-        try:
-            barrier.wait()
-            for _ in range(3):
-                won.extend(recover_expired_trials(s, grace_period=0.5, max_retry=3))
-        except BaseException as e:  # surfaced below with its type
-            errors.append(e)
+    def sweep(s: optuna.Study) -> list[int]:  # three sweeps each
+        return [
+            n for _ in range(3) for n in recover_expired_trials(s, grace_period=0.5, max_retry=3)
+        ]
 
-    threads = [threading.Thread(target=sweep, args=(s,)) for s in sweepers]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=60)
-    assert not errors, errors
-    assert sorted(won) == list(range(N_DEAD))
+    assert sorted(sweep_in_threads(sweepers, sweep)) == list(range(N_DEAD))
     # every resume sweeps again: nothing new
     for _ in range(2):
         assert recover_expired_trials(study, grace_period=0.5, max_retry=3) == []
