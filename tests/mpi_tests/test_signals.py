@@ -68,7 +68,8 @@ def _two_groups_mid_trial(
             data={"max_samples": 600},
             objective={"batch_size": 8, "max_batches_per_epoch": 1000, **objective},
             checkpoints=checkpoints,
-            distributed={"group_size": 1},
+            # no trial asked ahead: two RUNNING trials are one in evaluation per group
+            distributed={"group_size": 1, "ask_ahead": "off"},
         ),
     )
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
