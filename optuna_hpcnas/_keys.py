@@ -47,6 +47,11 @@ RUN_DATA = "hpcnas:run:data"  # the [data] table the search ran on (JSON), for e
 # Trial system attribute written with the pop that takes a budget trial (RDB storages): the
 # popping call's token, so a pop tried again after a lost answer finds the trial it took.
 RUN_CLAIM = "hpcnas:run:claim"
+# The number of budget trials the study's runs asked for in all, written before they are queued,
+# so a run killed while queuing is resumed with its whole budget (issue 23).
+RUN_BUDGET = "hpcnas:run:budget"
+# Trial system attribute of every budget trial (a retry inherits it with ``failed_trial``).
+RUN_BUDGET_TRIAL = "hpcnas:run:budget_trial"
 
 # Distributed evaluation (optuna_hpcnas.distributed).
 DISTRIBUTED_UTILISATION = "hpcnas:distributed:utilisation"  # study: per-rank time shares (JSON)
@@ -71,6 +76,9 @@ EVOLUTION_ORIGIN = "hpcnas:evolution:origin"
 STORAGES_LEASE = "hpcnas:storages:lease"
 # Why recover_expired_trials failed a trial (set just before the trial is failed).
 STORAGES_RECOVERED = "hpcnas:storages:recovered"
+# The number of the one retry of a failed trial (``None``: max_retry reached), written in the
+# same transaction as the failure and the retry on RDB storages (issue 23: retried once).
+STORAGES_RETRY = "hpcnas:storages:retry"
 # Load test (optuna_hpcnas.storages.testing), trial user attributes: which worker ran the
 # trial, and the number the worker saw (checked against the stored one).
 LOADTEST_WORKER = "load_worker"

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from collections.abc import Mapping
 from collections.abc import Sequence
+import datetime
 import json
 import time
 from typing import Any
@@ -191,18 +192,44 @@ def _rdb_storage(storage: Any) -> Any:
 
 
 # ---------------------------------------------------------------------------- the trial queue
-def add_budget(study: optuna.Study, n: int) -> None:
-    """Queue ``n`` WAITING trials without parameters: the run's trial budget.
+def add_budget(study: optuna.Study, n: int, fixed: Sequence[Mapping[str, Any]] = ()) -> None:
+    """Queue ``n`` WAITING trials: the run's trial budget.
 
     Unlike ``study.enqueue_trial({})`` they carry no ``fixed_params``, so the sampler samples
     them like any new trial; leaders pop them atomically, so the study ends with exactly
-    the budget whatever the number of groups.
+    the budget whatever the number of groups. The first ``len(fixed)`` carry those
+    parameters, as ``study.enqueue_trial(params)`` writes them.
     """
     import optuna
     from optuna.trial import TrialState
 
-    for _ in range(n):
-        study.add_trial(optuna.trial.create_trial(state=TrialState.WAITING))
+    for i in range(n):
+        marker: dict[str, Any] = {_keys.RUN_BUDGET_TRIAL: True}
+        if i < len(fixed):
+            marker["fixed_params"] = dict(fixed[i])
+        study.add_trial(optuna.trial.create_trial(state=TrialState.WAITING, system_attrs=marker))
+
+
+def record_budget(study: optuna.Study, total: int) -> None:
+    """The number of budget trials the study's runs asked for in all (before they are queued:
+    a run killed while queuing is resumed with its whole budget)."""
+    set_study_system_attr(study, _keys.RUN_BUDGET, int(total))
+
+
+def recorded_budget(study: optuna.Study) -> int | None:
+    """``record_budget``'s number (``None`` for studies of older versions)."""
+    value = study_system_attrs(study).get(_keys.RUN_BUDGET)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def queued_budget(study: optuna.Study) -> int:
+    """Budget trials in the study, whatever their state (retries are not counted: they
+    carry ``failed_trial``)."""
+    return sum(
+        1
+        for t in study.get_trials(deepcopy=False)
+        if t.system_attrs.get(_keys.RUN_BUDGET_TRIAL) and "failed_trial" not in t.system_attrs
+    )
 
 
 def pop_waiting_trial(study: optuna.Study, claim: str | None = None) -> optuna.Trial | None:
@@ -513,6 +540,81 @@ def retry_callback(
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ExperimentalWarning)
         return RetryHeartbeatStaleTrialCallback(max_retry=max_retry), max_retry
+
+
+def retry_system_attrs(failed: FrozenTrial, dropped: Sequence[str]) -> dict[str, Any]:
+    """The system attributes of ``failed``'s retry, as ``RetryHeartbeatStaleTrialCallback``
+    writes them (``failed_trial``: the first trial of the chain; ``retry_history``: every
+    trial retried so far), without the keys in ``dropped`` (this trial's own records)."""
+    attrs: dict[str, Any] = {"failed_trial": failed.number, "retry_history": []}
+    attrs.update({k: v for k, v in failed.system_attrs.items() if k not in dropped})
+    attrs["retry_history"] = [*attrs["retry_history"], failed.number]
+    return attrs
+
+
+def fail_with_retry(
+    storage: Any,
+    trial_id: int,
+    *,
+    records: Mapping[str, Any],
+    max_retry: int | None,
+    dropped: Sequence[str],
+) -> tuple[int, int | None] | None:
+    """On an RDB storage, in one transaction: if trial ``trial_id`` is RUNNING, write
+    ``records`` into its system attributes, add its retry (WAITING, unless ``max_retry``
+    retries of its chain were made), record the retry's number under
+    ``hpcnas:storages:retry`` and FAIL it. Returns ``(trial number, retry number or None)``;
+    ``None`` when the trial was not RUNNING (another caller failed it, or it finished).
+
+    The transaction is the claim: the trial's row is locked (``SELECT ... FOR UPDATE`` on
+    PostgreSQL and MySQL; ``BEGIN IMMEDIATE`` on a SQLite file opened by ``open_storage``),
+    so of several sweepers one sees it RUNNING, and a process killed half-way leaves nothing
+    (the trial stays RUNNING for the next sweep). Raises ``TypeError`` on other storages.
+    """
+    import optuna
+    from optuna.storages._rdb import models
+    from optuna.storages._rdb.storage import _create_scoped_session
+    from optuna.trial import TrialState
+
+    rdb = _rdb_storage(storage)
+    if rdb is None:
+        raise TypeError(f"`storage` is {storage!r}, but must be an RDB storage.")
+    system = models.TrialSystemAttributeModel
+    with _create_scoped_session(rdb.scoped_session) as session:
+        study_id = session.query(models.TrialModel.study_id).filter_by(trial_id=trial_id).scalar()
+        if study_id is None:
+            raise KeyError(f"no trial with id {trial_id}")
+        # the study first, as Optuna locks it to number a new trial: one lock order
+        models.StudyModel.find_or_raise_by_id(study_id, session, for_update=True)
+        row = models.TrialModel.find_or_raise_by_id(trial_id, session, for_update=True)
+        if row.state != TrialState.RUNNING:
+            return None
+        failed = rdb._build_frozen_trial_from_trial_model(row)
+        attrs = retry_system_attrs(failed, dropped)
+        retry_number: int | None = None
+        if max_retry is None or len(attrs["retry_history"]) <= max_retry:
+            template = optuna.trial.create_trial(
+                state=TrialState.WAITING,
+                params=failed.params,
+                distributions=failed.distributions,
+                user_attrs=failed.user_attrs,
+                system_attrs=attrs,
+            )
+            retry_number = rdb._get_prepared_new_trial(study_id, template, session).number
+        for key, value in {**records, _keys.STORAGES_RETRY: retry_number}.items():
+            rdb._set_trial_attr_without_commit(session, system, trial_id, key, value)
+        row.state = TrialState.FAIL
+        row.datetime_complete = datetime.datetime.now()
+        number = int(row.number)
+    return number, retry_number
+
+
+def stale_trial_ids(storage: Any, study_id: int) -> list[int]:
+    """RUNNING trials whose Optuna heartbeat is older than the storage's grace period (what
+    ``optuna.storages.fail_stale_trials`` fails); ``[]`` without heartbeats."""
+    if not has_heartbeat(storage):
+        return []
+    return list(storage._get_stale_trial_ids(study_id))
 
 
 def trials_with_heartbeat(storage: Any, trial_ids: list[int]) -> set[int]:

@@ -16,6 +16,7 @@ import json
 import logging
 import os
 from pathlib import Path
+import signal
 import sys
 from typing import Any
 from typing import TYPE_CHECKING
@@ -930,6 +931,23 @@ def _setup_logging(verbose: int, quiet: bool, rank: int) -> None:
     optuna.logging.set_verbosity(level if verbose else max(level, logging.WARNING))
 
 
+def _exit_on_signals() -> dict[signal.Signals, Any]:
+    """``hpcnas run``/``resume``: SIGTERM and SIGUSR1 end the process with 128 + signal from
+    its first moment, before the run's ``PreemptionGuard`` takes over around the trials (the
+    data loading, the study's creation, the supernet warm-up: no trial is taken yet) and after
+    it (the last checkpoint, the plots). Without it they would kill the process outright.
+    Returns the handlers it replaced."""
+
+    import threading
+
+    def stop(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    if threading.current_thread() is not threading.main_thread():
+        return {}  # handlers can only be set there (main() run by a caller's thread)
+    return {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGUSR1)}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``hpcnas`` and ``python -m optuna_hpcnas``; returns the exit status."""
     from optuna_hpcnas._openmp import passive_openmp
@@ -940,6 +958,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
+    previous = _exit_on_signals() if args.command in ("run", "resume") else {}
+    try:
+        return _dispatch(args)
+    finally:  # main() called in a process that goes on (tests, notebooks)
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def _dispatch(args: argparse.Namespace) -> int:
     rank, _ = launched_rank_and_size()
     _setup_logging(args.verbose, args.quiet, rank)
     commands = {

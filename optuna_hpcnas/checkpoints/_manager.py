@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from collections.abc import Mapping
+import contextlib
 from dataclasses import asdict
 from dataclasses import dataclass
 from dataclasses import field
@@ -427,11 +428,19 @@ class CheckpointManager:
             "mimetype": _ARROW_MIMETYPE,
             "encoding": None,
         }
-        storage.set_study_system_attr(
-            study_id, OPTUNA_ARTIFACTS_PREFIX + info.artifact_id, json.dumps(artifact_meta)
-        )
-        # The manifest goes last: until it exists, the checkpoint does not.
-        storage.set_study_system_attr(study_id, self._prefix + info.checkpoint_id, info.to_json())
+        try:
+            storage.set_study_system_attr(
+                study_id, OPTUNA_ARTIFACTS_PREFIX + info.artifact_id, json.dumps(artifact_meta)
+            )
+            # The manifest goes last: until it exists, the checkpoint does not.
+            storage.set_study_system_attr(
+                study_id, self._prefix + info.checkpoint_id, info.to_json()
+            )
+        except BaseException:
+            # no blob without its manifest (a full database, a signal): remove it again
+            with contextlib.suppress(Exception):
+                self._store.remove(info.artifact_id)
+            raise
 
     def _shards(self, entry: _Entry) -> list[tuple[int, int]]:
         n = entry.flat.size

@@ -21,6 +21,7 @@ import signal
 import threading
 from types import FrameType
 from typing import Any
+from typing import Protocol
 from typing import TYPE_CHECKING
 
 from optuna_hpcnas import _keys
@@ -90,6 +91,24 @@ def mark_trial_for_retry(
     )
 
 
+class Peers(Protocol):
+    """The other ranks of the job (``optuna_hpcnas.distributed._stop.JobStop``): a signal that
+    reached one rank stops them all, each leader giving back its trial."""
+
+    @property
+    def is_leader(self) -> bool: ...
+
+    def notify(self, signum: int) -> None: ...
+
+    def poll(self) -> int | None: ...
+
+    def done(self) -> None: ...
+
+    def ready(self) -> bool: ...
+
+    def wait(self, seconds: float) -> bool: ...
+
+
 class Preempted(SystemExit):
     """Raised by :meth:`PreemptionGuard.check` after the state is saved; exits the process."""
 
@@ -112,6 +131,9 @@ class PreemptionGuard:
         max_retry: Retries when the storage has no heartbeat callback of its own.
         requeue: Fails the watched trial and queues its retry, given the trial and the
             signal's name (default: ``mark_trial_for_retry`` with ``max_retry``).
+        peers: The other ranks of an MPI job: a signal one rank got is passed on at each
+            :meth:`check`, every group leader gives back its trial, and a rank exits once
+            the leaders it waits for did (at most ``deadline / 2`` seconds).
 
     Example:
         .. code-block:: python
@@ -136,6 +158,7 @@ class PreemptionGuard:
         deadline: float = 25.0,
         max_retry: int | None = 3,
         requeue: Callable[[optuna.Trial, str], object] | None = None,
+        peers: Peers | None = None,
     ) -> None:
         if checkpoint is not None and not callable(checkpoint):
             raise TypeError(f"`checkpoint` is {checkpoint!r}, but must be callable or None.")
@@ -156,6 +179,7 @@ class PreemptionGuard:
         self._deadline = float(deadline)
         self._max_retry = max_retry
         self._requeue = requeue
+        self._peers = peers
         self._previous: dict[signal.Signals, Any] = {}
         self._received: signal.Signals | None = None
         self._trial: optuna.Trial | None = None
@@ -170,12 +194,14 @@ class PreemptionGuard:
         *,
         checkpoint: Callable[[], object] | None = None,
         requeue: Callable[[optuna.Trial, str], object] | None = None,
+        peers: Peers | None = None,
     ) -> PreemptionGuard:
         return cls(
             checkpoint=checkpoint,
             deadline=config.exit_deadline,
             max_retry=config.max_retry,
             requeue=requeue,
+            peers=peers,
         )
 
     @property
@@ -211,12 +237,15 @@ class PreemptionGuard:
             self._trial = None
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        if self._received is not None:
-            return
-        self._received = signal.Signals(signum)
+        if self._received is None:
+            self._stop(signal.Signals(signum), "Received")
+
+    def _stop(self, received: signal.Signals, how: str) -> None:
+        self._received = received
         _logger.warning(
-            "Received %s: checkpointing at the next step and exiting within %.0f s.",
-            self._received.name,
+            "%s %s: checkpointing at the next step and exiting within %.0f s.",
+            how,
+            received.name,
             self._deadline,
         )
         self._watchdog = threading.Timer(self._deadline, self._force_exit)
@@ -224,9 +253,19 @@ class PreemptionGuard:
         self._watchdog.start()
 
     def check(self) -> None:
-        """At a step boundary: if a signal arrived, checkpoint, retry the trial, exit."""
+        """At a step boundary: if a signal arrived (here, or at another rank of the job),
+        checkpoint, retry the trial, exit."""
+        peers = self._peers
+        if self._received is None and peers is not None:
+            told = peers.poll()
+            if told is not None:
+                self._stop(signal.Signals(told), "Another rank of the job received")
         if self._received is None:
             return
+        if peers is not None:
+            peers.notify(int(self._received))
+            if not peers.is_leader and not peers.ready():
+                return  # steps on with its leader until the leader gave the trial back
         with self._lock:
             if self._handled.is_set():
                 return
@@ -237,6 +276,10 @@ class PreemptionGuard:
                     _logger.exception("Checkpoint on %s failed.", self._received.name)
             self._retry_trial()
             self._handled.set()
+        if peers is not None and peers.is_leader:
+            peers.done()
+            if not peers.wait(self._deadline / 2):
+                _logger.warning("Not every group leader gave back its trial in time.")
         if self._watchdog is not None:
             self._watchdog.cancel()
         raise Preempted(128 + int(self._received))

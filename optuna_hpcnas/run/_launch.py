@@ -91,7 +91,7 @@ def launch(config: RunConfig, *, resume: bool, progress: bool = True) -> Launche
     # the data first: a file that cannot be used is one line, before any storage is created
     data = _load_data(config)
     if resume:
-        waiting = _on_root(comm, lambda: _remaining_budget(storage, name))
+        waiting = _on_root(comm, lambda: _remaining_budget(config))
         if waiting == 0:
             return Launched(storage, name, comm.Get_rank(), ran=False)
         # Run exactly the trials the stopped job left in the queue.
@@ -106,7 +106,7 @@ def launch(config: RunConfig, *, resume: bool, progress: bool = True) -> Launche
         if comm.Get_rank() == 0:
             metrics = _observe(stack, config, resume=resume, size=comm.Get_size(), show=progress)
         try:
-            run_search(config, comm=comm, metrics=metrics, data=data)
+            run_search(config, comm=comm, metrics=metrics, data=data, resume=resume)
         except StorageUnavailable as e:  # the leader of this rank's group
             raise StorageLost(_resume_hint(str(e))) from None
         except GroupError as e:
@@ -115,6 +115,9 @@ def launch(config: RunConfig, *, resume: bool, progress: bool = True) -> Launche
             raise StorageLost(_resume_hint(e.leader_message)) from None
         except StorageError as e:  # e.g. checkpoints on a journal without an artifact store
             raise LaunchError(str(e)) from None
+        except Exception as e:
+            _raise_if_out_of_space(e, "the search stopped", "run `hpcnas resume`")
+            raise
     if comm.Get_rank() != 0:
         return Launched(storage, name, comm.Get_rank(), ran=True)
     return Launched(storage, name, 0, ran=True, status=_finish(config))
@@ -125,6 +128,16 @@ def _resume_hint(message: str) -> str:
         f"{message}; the running trials are retried: run `hpcnas resume` with the same "
         "config once the storage is back"
     )
+
+
+def _raise_if_out_of_space(error: Exception, what: str, then: str = "") -> None:
+    """A full or read-only disk (the database's, the artifact directory's) as one line."""
+    from optuna_hpcnas.storages import out_of_space
+
+    cause = out_of_space(error)
+    if cause is not None:
+        after = f"; free space and {then}" if then else ""
+        raise LaunchError(f"{what}: {cause}{after}") from None
 
 
 def _load_data(config: RunConfig) -> TaskData:
@@ -160,12 +173,14 @@ def _check_storage(url: str) -> None:
         raise LaunchError(str(e)) from None
 
 
-def _remaining_budget(url: str, name: str) -> int:
-    """The WAITING and RUNNING trials of the study to resume (a RUNNING trial of a killed
-    run is retried once its heartbeat or lease is stale)."""
+def _remaining_budget(config: RunConfig) -> int:
+    """The trials of the study to resume (``run._study.trials_to_resume``: dead trials swept
+    and retried first, the recorded budget queued in full)."""
     import optuna
-    from optuna.trial import TrialState
 
+    from optuna_hpcnas.run._study import trials_to_resume
+
+    url, name = config.study.resolved_storage(), config.study.name
     try:
         opened = open_storage(url, must_exist=True)
         names = [s.study_name for s in optuna.study.get_all_study_summaries(storage=opened)]
@@ -178,9 +193,11 @@ def _remaining_budget(url: str, name: str) -> int:
             f"no study {name!r} to resume in {mask_url(url)} (studies there: "
             f"{names or 'none'}); start it with `hpcnas run`"
         )
-    study = optuna.load_study(study_name=name, storage=opened)
-    states = (TrialState.WAITING, TrialState.RUNNING)
-    return len(study.get_trials(deepcopy=False, states=states))
+    try:
+        return trials_to_resume(config)
+    except Exception as e:
+        _raise_if_out_of_space(e, f"cannot resume study {name!r} in {mask_url(url)}")
+        raise
 
 
 def _observe(
@@ -280,4 +297,7 @@ def _finish(config: RunConfig) -> dict[str, Any]:
         save_dashboard_plots(study)
     except ImportError:
         pass
+    except Exception as e:
+        _raise_if_out_of_space(e, "every trial finished, but the dashboard plots were not saved")
+        raise
     return study_status(study)

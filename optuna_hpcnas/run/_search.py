@@ -88,6 +88,7 @@ def run_search(
     comm: Comm | None = None,
     metrics: SearchMetrics | None = None,
     data: TaskData | None = None,
+    resume: bool = False,
 ) -> None:
     """Run the search a ``RunConfig`` describes on every rank of ``comm``.
 
@@ -104,7 +105,8 @@ def run_search(
     ``[checkpoints] enabled`` the supernet is checkpointed into the study's database and
     restored at start, and SIGTERM/SIGUSR1 checkpoint at once, re-queue the running trial and
     exit within ``exit_deadline`` seconds. ``data``: the ``[data]`` task if the caller loaded
-    it already (``hpcnas run`` does, before it touches the storage).
+    it already (``hpcnas run`` does, before it touches the storage). ``resume``: run what the
+    study has left (``hpcnas resume``), never adding to its budget.
     """
     comm = comm if comm is not None else world_comm()
     tracker = UtilisationTracker()
@@ -114,7 +116,7 @@ def run_search(
     space = space.fitting(min(group.sizes))
     try:
         with quiet_disconnect_warnings():  # an outage is said once, by the OutageWindow
-            _run(config, comm, group, space, tracker, metrics, data)
+            _run(config, comm, group, space, tracker, metrics, data, resume)
     finally:
         group.free()
 
@@ -127,6 +129,7 @@ def _run(
     tracker: UtilisationTracker,
     metrics: SearchMetrics | None,
     data: TaskData | None,
+    resume: bool,
 ) -> None:
     import torch
 
@@ -144,7 +147,7 @@ def _run(
         data = data if data is not None else config.data.load()
         objective = build_objective(config, space, data, device)
     with tracker.track("storage"):
-        study = open_study(config, comm, group)
+        study = open_study(config, comm, group, resume=resume)
     calls = StudyCalls(study, config) if study is not None else None  # leaders
     checkpoints = _checkpoints(config, comm, group, calls, objective)
     if calls is not None:
@@ -152,7 +155,7 @@ def _run(
             _warm_up(config, objective, checkpoints, comm.Get_rank())
     averager = _averager(config, group, objective, tracker)
     engine = GroupEngine(group, config.distributed, device, batch_size=config.objective.batch_size)
-    guard = _guard(config, calls, checkpoints)
+    guard = _guard(config, comm, group, calls, checkpoints)
     queue = None
     if calls is not None:
         queue = LeaderQueue(
@@ -261,14 +264,26 @@ def _averager(
 
 
 def _guard(
-    config: RunConfig, calls: StudyCalls | None, checkpoints: SupernetCheckpoints | None
+    config: RunConfig,
+    comm: Comm,
+    group: EvaluationGroup,
+    calls: StudyCalls | None,
+    checkpoints: SupernetCheckpoints | None,
 ) -> PreemptionGuard:
-    """SIGTERM/SIGUSR1: checkpoint, fail the leader's running trial and queue its retry."""
+    """SIGTERM/SIGUSR1: checkpoint, fail the leader's running trial and queue its retry; on
+    several ranks, a signal one rank got stops every group (collective: every rank)."""
     from optuna_hpcnas.checkpoints import PreemptionGuard
 
+    peers = None
+    if comm.Get_size() > 1:
+        from optuna_hpcnas.distributed._stop import JobStop
+
+        peers = JobStop(comm, group)
     save = checkpoints.save if checkpoints is not None else None
     requeue = calls.requeue if calls is not None else None
-    return PreemptionGuard.from_config(config.checkpoints, checkpoint=save, requeue=requeue)
+    return PreemptionGuard.from_config(
+        config.checkpoints, checkpoint=save, requeue=requeue, peers=peers
+    )
 
 
 def _hooks(

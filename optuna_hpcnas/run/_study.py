@@ -1,17 +1,19 @@
 """The study of a run: world rank 0 creates it and its trial budget, the other leaders load it.
 
 The budget (``[study] n_trials``) is a set of WAITING trials without parameters that rank 0
-queues first (``optuna_hpcnas._records.add_budget``); leaders pop them atomically, so the study
-ends with exactly ``n_trials`` new trials whatever the number of groups, and the sampler
-samples each of them like a new trial. A search that was interrupted (killed, preempted)
-leaves WAITING trials behind: run again, it finishes those without adding new ones.
+queues first (``optuna_hpcnas._records.add_budget``), its total recorded in the study before
+the first is queued; leaders pop them atomically, so the study ends with exactly ``n_trials``
+new trials whatever the number of groups, and the sampler samples each of them like a new
+trial. A search that was interrupted (killed, preempted, even while queuing) leaves WAITING
+trials and the recorded total behind: run again or resumed (``trials_to_resume``), it finishes
+those without adding new ones.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from typing import TYPE_CHECKING
-import warnings
 
 from optuna_hpcnas import _records
 
@@ -48,25 +50,22 @@ def grace_period(config: RunConfig) -> float:
 
 
 def recover_dead_trials(study: optuna.Study, config: RunConfig) -> None:
-    """Fail and re-queue the trials of dead workers: Optuna's heartbeat sweep on RDB storages,
-    then the lease sweep (storages without heartbeats, and trials killed before their first
-    heartbeat)."""
-    import optuna
-
+    """Fail the trials of dead workers and queue each one's retry, once: stale heartbeats
+    (RDB storages), expired leases (storages without heartbeats), and trials killed before
+    their first heartbeat (``optuna_hpcnas.storages.recover_expired_trials``)."""
     from optuna_hpcnas.storages import recover_expired_trials
 
-    if _records.has_heartbeat(study._storage):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            optuna.storages.fail_stale_trials(study)
     for number in recover_expired_trials(
         study, grace_period=grace_period(config), max_retry=config.checkpoints.max_retry
     ):
         _logger.warning("Trial %d of a dead worker was queued again.", number)
 
 
-def open_study(config: RunConfig, comm: Comm, group: EvaluationGroup) -> optuna.Study | None:
+def open_study(
+    config: RunConfig, comm: Comm, group: EvaluationGroup, *, resume: bool = False
+) -> optuna.Study | None:
     """Collective over ``comm``: the study on every group leader (``None`` elsewhere).
+    ``resume``: the budget is not added to (``queue_budget``).
 
     Only world rank 0 opens the storage first (an RDB storage creates its schema on first
     open, and concurrent creations collide); the other leaders open it once it exists.
@@ -78,7 +77,7 @@ def open_study(config: RunConfig, comm: Comm, group: EvaluationGroup) -> optuna.
     error: str | None = None
     if comm.Get_rank() == 0:
         try:
-            study = _create(config, _storage(url, config), seed_offset=group.index)
+            study = _create(config, _storage(url, config), seed_offset=group.index, resume=resume)
         except Exception as e:  # every rank must learn it, or they wait forever
             error = f"{type(e).__name__}: {e}"
             raise
@@ -99,7 +98,11 @@ def open_study(config: RunConfig, comm: Comm, group: EvaluationGroup) -> optuna.
 
 
 def _create(
-    config: RunConfig, storage: str | optuna.storages.BaseStorage, *, seed_offset: int
+    config: RunConfig,
+    storage: str | optuna.storages.BaseStorage,
+    *,
+    seed_offset: int,
+    resume: bool,
 ) -> optuna.Study:
     import optuna
 
@@ -114,20 +117,27 @@ def _create(
     if len(config.directions) > 1 or config.objective.objectives != ("accuracy",):
         study.set_metric_names(list(config.objective.objectives))
     _records.record_run_data(study, config.data.to_dict())
-    queue_budget(study, config)
+    queue_budget(study, config, resume=resume)
     return study
 
 
-def queue_budget(study: optuna.Study, config: RunConfig) -> None:
-    """Queue the run's budget, or resume an interrupted run's queue without adding to it."""
+def queue_budget(study: optuna.Study, config: RunConfig, *, resume: bool = False) -> None:
+    """Queue the run's budget, or resume an interrupted run's queue without adding to it.
+
+    The budget's total is recorded in the study (``hpcnas:run:budget``) before its first trial
+    is queued, so a run killed while queuing is completed to that total by the next run or
+    resume, whatever was queued. A resume (``resume``) never adds beyond it.
+    """
     from optuna.trial import TrialState
 
-    n_trials = config.study.n_trials
     recover_dead_trials(study, config)
-    if not study.get_trials(deepcopy=False):  # a new study starts with ``[study] enqueue``
-        for params in config.enqueued_params()[:n_trials]:
-            study.enqueue_trial(params)
+    if _fill_budget(study) or resume:
+        return
+    n_trials = config.study.n_trials
+    new_study = not study.get_trials(deepcopy=False)
     if n_trials is None:
+        for params in config.enqueued_params() if new_study else []:
+            study.enqueue_trial(params)  # a timeout-only run starts with ``[study] enqueue``
         return
     waiting = len(study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
     interrupted = len(study.get_trials(deepcopy=False)) > waiting
@@ -139,4 +149,65 @@ def queue_budget(study: optuna.Study, config: RunConfig) -> None:
             waiting,
         )
         return
-    _records.add_budget(study, max(0, n_trials - waiting))
+    new = max(0, n_trials - waiting)
+    _records.record_budget(study, _records.queued_budget(study) + new)
+    # A new study's first budget trials are ``[study] enqueue``'s architectures.
+    _records.add_budget(study, new, fixed=config.enqueued_params()[:new] if new_study else ())
+
+
+def _fill_budget(study: optuna.Study) -> int:
+    """Queue the budget trials a run killed while queuing did not: how many."""
+    total = _records.recorded_budget(study)
+    missing = 0 if total is None else total - _records.queued_budget(study)
+    if missing > 0:
+        _logger.warning(
+            "Study %r was stopped while its budget of %d trials was queued: queuing the other %d.",
+            study.study_name,
+            total,
+            missing,
+        )
+        _records.add_budget(study, missing)
+    return max(0, missing)
+
+
+def trials_to_resume(config: RunConfig) -> int:
+    """What ``hpcnas resume`` runs: the WAITING trials once the study is settled.
+
+    First every RUNNING trial is waited for until it finishes or is found dead (at most its
+    grace period, plus a margin for SQLite's whole-second clock), dead ones failed and their
+    retries queued; a trial still RUNNING after that renews its heartbeat or lease (another
+    worker runs it) and is not counted. Then the budget trials a kill while queuing left out
+    are queued (the recorded total). So a resume never counts a dead trial as remaining, nor
+    runs more than the budget.
+    """
+    import optuna
+    from optuna.trial import TrialState
+
+    study = optuna.load_study(
+        study_name=config.study.name, storage=_storage(config.study.resolved_storage(), config)
+    )
+    deadline = time.monotonic() + grace_period(config) + 2.0
+    waited = False
+    while True:
+        recover_dead_trials(study, config)
+        running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+        if not running or time.monotonic() >= deadline:
+            break
+        if not waited:
+            _logger.info(
+                "Waiting up to %.0f s for %d RUNNING trial(s) to finish or be found dead "
+                "before counting what is left.",
+                deadline - time.monotonic(),
+                len(running),
+            )
+            waited = True
+        time.sleep(0.5)
+    if running:
+        _logger.warning(
+            "%d trial(s) of study %r are still RUNNING with a live heartbeat or lease: another "
+            "worker runs them; they are not resumed.",
+            len(running),
+            study.study_name,
+        )
+    _fill_budget(study)
+    return len(study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))

@@ -41,6 +41,7 @@ from optuna_hpcnas.storages._proxy import start_storage_proxy
 from optuna_hpcnas.storages._proxy import storage_proxy_command
 from optuna_hpcnas.storages._rdb_artifacts import ArtifactCorruptedError
 from optuna_hpcnas.storages._rdb_artifacts import RDBArtifactStore
+from optuna_hpcnas.storages._space import out_of_space
 from optuna_hpcnas.storages._urls import mask_url
 from optuna_hpcnas.storages._urls import sqlite_file
 from optuna_hpcnas.storages._urls import storage_kind
@@ -64,6 +65,7 @@ __all__ = [
     "lease_expiry",
     "mask_url",
     "open_storage",
+    "out_of_space",
     "parse_grpc_url",
     "quiet_disconnect_warnings",
     "rdb_storage",

@@ -42,8 +42,9 @@ def artifact_store_for(
             storage = open_storage("runs/nas.journal")
             store = artifact_store_for(storage, artifact_store="runs/checkpoints")
     """
-    from optuna.artifacts import FileSystemArtifactStore
     from optuna.storages import RDBStorage
+
+    from optuna_hpcnas.storages._files import AtomicFileSystemArtifactStore
 
     if artifact_store is not None:
         if not isinstance(artifact_store, str) or not artifact_store.strip():
@@ -62,7 +63,7 @@ def artifact_store_for(
                 f"`[checkpoints] artifact_store` is {artifact_store!r}, which cannot be "
                 f"created: {e}"
             ) from None
-        return FileSystemArtifactStore(path)
+        return AtomicFileSystemArtifactStore(path)
     backend = getattr(storage, "_backend", storage)  # Optuna's _CachedStorage wraps RDBStorage
     if isinstance(backend, RDBStorage):
         return RDBArtifactStore(backend)

@@ -14,10 +14,13 @@ lease has expired, or that has neither a lease nor a heartbeat record and starte
 as :class:`optuna.storages.RetryHeartbeatStaleTrialCallback` does, so
 ``RetryHeartbeatStaleTrialCallback.retried_trial_number`` and ``max_retry`` work unchanged.
 
-Several workers may sweep at once: the storage's own state transition decides which one
-re-queues a trial (``set_trial_state_values`` raises ``UpdateFinishedTrialError`` for every
-other), so a trial is re-queued once. Expiry times are wall-clock seconds: the hosts of one
-study need synchronised clocks (NTP), as Optuna's heartbeats assume too.
+Several workers may sweep at once, and every resume sweeps again: a trial is retried exactly
+once. On RDB storages the failure, the retry and its record in the failed trial are one
+transaction on the locked trial (``_records.fail_with_retry``); on the others the storage's own
+state transition decides (``set_trial_state_values`` raises ``UpdateFinishedTrialError`` for
+every other caller). Optuna's heartbeat sweep goes through the same path. Expiry times are
+wall-clock seconds: the hosts of one study need synchronised clocks (NTP), as Optuna's
+heartbeats assume too.
 """
 
 from __future__ import annotations
@@ -33,7 +36,9 @@ from typing import TYPE_CHECKING
 import warnings
 
 from optuna_hpcnas import _keys
+from optuna_hpcnas._records import fail_with_retry
 from optuna_hpcnas._records import retry_callback
+from optuna_hpcnas._records import stale_trial_ids
 from optuna_hpcnas._records import trials_with_heartbeat
 
 if TYPE_CHECKING:
@@ -289,14 +294,15 @@ def recover_expired_trials(
 ) -> list[int]:
     """FAIL the RUNNING trials of dead workers and queue their retries; returns their numbers.
 
-    A trial is dead when its :class:`TrialLease` expired, or when it has neither a lease nor an
-    Optuna heartbeat record and started more than ``grace_period`` seconds ago (its worker died
-    between the ask and the lease). Trials with a heartbeat record are left to Optuna's own
-    heartbeat sweep. Each dead trial is failed, and a WAITING copy (same parameters,
+    A trial is dead when its Optuna heartbeat is older than the storage's grace period (what
+    ``optuna.storages.fail_stale_trials`` would fail), when its :class:`TrialLease` expired, or
+    when it has neither a lease nor an Optuna heartbeat record and started more than
+    ``grace_period`` seconds ago (its worker died between the ask and the lease). Each dead
+    trial goes through :func:`fail_and_requeue`: failed, and a WAITING copy (same parameters,
     distributions, user attributes and system attributes, fixed parameters included, lease
-    removed) is added as :class:`optuna.storages.RetryHeartbeatStaleTrialCallback` would, unless
+    removed) added as :class:`optuna.storages.RetryHeartbeatStaleTrialCallback` would, unless
     ``max_retry`` retries of it were already made. Safe to call from many workers at once: a
-    trial is failed and re-queued by one of them only.
+    trial is failed and retried by one of them only, exactly once.
 
     Args:
         study: The study to sweep.
@@ -322,12 +328,16 @@ def recover_expired_trials(
     if max_retry is not None and max_retry < 0:
         raise ValueError(f"`max_retry` is {max_retry}, but must be >= 0.")
     storage = study._storage
+    stale = set(stale_trial_ids(storage, study._study_id))
     running = storage.get_all_trials(study._study_id, deepcopy=False, states=(TrialState.RUNNING,))
     with_heartbeat = trials_with_heartbeat(storage, [t._trial_id for t in running])
     now = time.time()
     recovered: list[int] = []
     for trial in running:
-        reason = _expired_reason(trial, trial._trial_id in with_heartbeat, grace_period, now)
+        if trial._trial_id in stale:
+            reason: str | None = "heartbeat stale"
+        else:
+            reason = _expired_reason(trial, trial._trial_id in with_heartbeat, grace_period, now)
         if reason is None:
             continue
         if fail_and_requeue(
@@ -351,49 +361,109 @@ def fail_and_requeue(
     max_retry: int | None,
     event: str = "failed",
 ) -> bool:
-    """FAIL a RUNNING trial and queue a WAITING copy, as Optuna's heartbeat sweep does: the
-    one way a running trial is failed and retried (a dead worker's, by a sweep; a preempted
-    one, by ``PreemptionGuard``).
+    """FAIL a RUNNING trial and queue its one retry (a WAITING copy), as Optuna's heartbeat
+    sweep does: the one way a running trial is failed and retried (a dead worker's, by a
+    sweep; a preempted one, by ``PreemptionGuard``).
 
-    ``reason`` is recorded in the failed trial's system attribute ``reason_key``. The copy
-    keeps the parameters, distributions and attributes but this trial's lease and reasons;
-    the storage's own ``heartbeat_stale_trial_callback`` makes it when the storage has one (so
-    retries count alike however a trial died), else
-    ``RetryHeartbeatStaleTrialCallback(max_retry)``. Concurrent callers are safe: the storage's
-    ``RUNNING -> FAIL`` transition lets one of them through. Returns whether this call failed
-    the trial; logs ``Trial N <event> (<reason>); queued for retry.`` (or why not).
+    ``reason`` is recorded in the failed trial's system attribute ``reason_key``, and the
+    retry's number in ``hpcnas:storages:retry``. The copy keeps the parameters, distributions
+    and attributes but this trial's lease and records, with Optuna's ``failed_trial`` and
+    ``retry_history``; the storage's own ``heartbeat_stale_trial_callback`` sets the number of
+    retries allowed when the storage has one (so retries count alike however a trial died),
+    else ``max_retry``.
+
+    Retried exactly once, whoever calls: on RDB storages the check that the trial is RUNNING,
+    the failure, the retry and its record are one transaction on the locked trial
+    (``_records.fail_with_retry``), so of concurrent callers one wins and a caller killed
+    half-way leaves the trial RUNNING for the next sweep. On the other storages the storage's
+    ``RUNNING -> FAIL`` transition picks the winner, which then queues the retry unless one
+    exists. Returns whether this call failed the trial; logs
+    ``Trial N <event> (<reason>); queued for retry.`` (or why not).
     """
     import optuna
-    from optuna.exceptions import ExperimentalWarning
-    from optuna.trial import TrialState
 
     storage = study._storage
+    _, limit = retry_callback(storage, max_retry)
     try:
-        storage.set_trial_system_attr(trial_id, reason_key, reason)
-        # The arbiter between concurrent callers: only one transition RUNNING -> FAIL wins.
-        if not storage.set_trial_state_values(trial_id, state=TrialState.FAIL):
-            return False
+        if _rdb(storage):
+            done = fail_with_retry(
+                storage, trial_id, records={reason_key: reason}, max_retry=limit, dropped=_DROPPED
+            )
+            if done is None:
+                return False
+            number, retry = done
+        else:
+            number, retry = _fail_then_retry(study, trial_id, reason_key, reason, max_retry)
     except optuna.exceptions.UpdateFinishedTrialError:
         return False
-    failed = copy.deepcopy(storage.get_trial(trial_id))
-    failed.system_attrs = _retry_attrs(failed.system_attrs)
-    retry, limit = retry_callback(storage, max_retry)
-    retries = len(failed.system_attrs.get("retry_history", ())) + 1
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ExperimentalWarning)
-        retry(study, failed)
-    queued = limit is None or retries <= limit
     _logger.warning(
         "Trial %d %s (%s); %s.",
-        failed.number,
+        number,
         event,
         reason,
-        "queued for retry" if queued else f"not retried (max_retry={limit} reached)",
+        f"queued for retry as trial {retry}"
+        if retry is not None
+        else f"not retried (max_retry={limit} reached)",
     )
     return True
 
 
-def _retry_attrs(system_attrs: dict[str, Any]) -> dict[str, Any]:
-    """System attributes a retry inherits: all but this trial's lease and why it failed."""
-    dropped = (_keys.STORAGES_LEASE, _keys.STORAGES_RECOVERED, _keys.CHECKPOINT_PREEMPTED)
-    return {k: v for k, v in system_attrs.items() if k not in dropped}
+def _fail_then_retry(
+    study: optuna.Study, trial_id: int, reason_key: str, reason: str, max_retry: int | None
+) -> tuple[int, int | None]:
+    """Storages without transactions (journal, gRPC proxy): ``RUNNING -> FAIL`` is the claim
+    (``UpdateFinishedTrialError`` for every other caller), then the retry, unless a retry of
+    this trial is already in the study."""
+    from optuna.exceptions import ExperimentalWarning
+    from optuna.trial import TrialState
+
+    storage = study._storage
+    if storage.get_trial(trial_id).state != TrialState.RUNNING:  # given back, or finished
+        raise _lost()
+    storage.set_trial_system_attr(trial_id, reason_key, reason)
+    if not storage.set_trial_state_values(trial_id, state=TrialState.FAIL):
+        raise _lost()
+    failed = copy.deepcopy(storage.get_trial(trial_id))
+    existing = _retry_of(study, failed.number)
+    if existing is not None:
+        return failed.number, existing
+    failed.system_attrs = {k: v for k, v in failed.system_attrs.items() if k not in _DROPPED}
+    retry, limit = retry_callback(storage, max_retry)
+    before = len(study.get_trials(deepcopy=False))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ExperimentalWarning)
+        retry(study, failed)
+    history = failed.system_attrs.get("retry_history")
+    if limit is not None and (len(history) if isinstance(history, list) else 0) + 1 > limit:
+        return failed.number, None
+    return failed.number, _retry_of(study, failed.number, after=before - 1)
+
+
+def _retry_of(study: optuna.Study, number: int, after: int = -1) -> int | None:
+    """The number of the retry of trial ``number`` (the last of its ``retry_history``)."""
+    for t in study.get_trials(deepcopy=False):
+        history = t.system_attrs.get("retry_history")
+        if t.number > after and isinstance(history, list) and history and history[-1] == number:
+            return t.number
+    return None
+
+
+def _lost() -> Exception:
+    import optuna
+
+    return optuna.exceptions.UpdateFinishedTrialError("the trial is no longer RUNNING")
+
+
+def _rdb(storage: Any) -> bool:
+    from optuna.storages import RDBStorage
+
+    return isinstance(getattr(storage, "_backend", storage), RDBStorage)
+
+
+# What a retry does not inherit: the failed trial's own lease and records.
+_DROPPED = (
+    _keys.STORAGES_LEASE,
+    _keys.STORAGES_RECOVERED,
+    _keys.CHECKPOINT_PREEMPTED,
+    _keys.STORAGES_RETRY,
+)

@@ -220,6 +220,12 @@ def _open_rdb(
         if sqlite_path is not None:
             if "not a database" in str(orig):
                 raise _error(url, f"{sqlite_path} is not a SQLite database ({orig})") from None
+            if _read_only(sqlite_path):
+                raise _error(
+                    url,
+                    f"{sqlite_path} is on a read-only file system: SQLite must write beside "
+                    f"its database (its -wal and -shm files) to open it ({orig})",
+                ) from None
             raise _error(url, f"SQLite error on {sqlite_path}: {orig}") from None
         raise _error(url, f"server not reachable or refused the connection: {orig}") from None
     except sqlalchemy.exc.SQLAlchemyError as e:
@@ -227,6 +233,18 @@ def _open_rdb(
     except RuntimeError as e:
         # Optuna refuses a schema of another version with a RuntimeError naming the upgrade.
         raise _error(url, str(e)) from None
+
+
+def _read_only(path: str) -> bool:
+    """Whether the directory of ``path`` cannot be written (a read-only mount, or no write
+    permission)."""
+    directory = os.path.dirname(os.path.abspath(path))
+    try:
+        return bool(os.statvfs(directory).f_flag & os.ST_RDONLY) or not os.access(
+            directory, os.W_OK
+        )
+    except OSError:
+        return False
 
 
 def rdb_storage(

@@ -54,12 +54,11 @@ def _ranks(pid: int) -> list[int]:
     return ranks
 
 
-@pytest.mark.mpi
-@pytest.mark.slow
-@pytest.mark.parametrize("signum", [signal.SIGUSR1, signal.SIGTERM])
-def test_signal_under_mpirun_checkpoints_every_group_and_resume_finishes(
-    tmp_path: Path, signum: signal.Signals
-) -> None:
+def _two_groups_mid_trial(
+    tmp_path: Path, checkpoints: dict[str, object], objective: dict[str, object]
+) -> tuple[subprocess.Popen[str], str, Path, list[str], dict[str, str]]:
+    """``hpcnas run`` on 2 ranks in 2 groups, returned once both groups run a trial:
+    the job, the storage URL, the config, the launch command and its environment."""
     url = f"sqlite:///{tmp_path / 'sig.db'}"
     config = write_config(
         tmp_path / "nas.toml",
@@ -67,12 +66,12 @@ def test_signal_under_mpirun_checkpoints_every_group_and_resume_finishes(
             study={"name": "sig", "storage": url, "n_trials": N_TRIALS},
             pruner={"name": "none"},
             data={"max_samples": 600},
-            objective={"batch_size": 8, "max_batches_per_epoch": 1000, "population_steps": 2},
-            checkpoints={"enabled": True, "every_n_steps": 2, "heartbeat_interval": 1,
-                         "grace_period": 2},
-            distributed={"group_size": 1},
+            objective={"batch_size": 8, "max_batches_per_epoch": 1000, **objective},
+            checkpoints=checkpoints,
+            # no trial asked ahead: two RUNNING trials are one in evaluation per group
+            distributed={"group_size": 1, "ask_ahead": "off"},
         ),
-    )  # fmt: skip
+    )
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     cmd = [mpirun_path(), "-n", "2", sys.executable, "-m", "mpi4py", "-m", "optuna_hpcnas"]
     proc = subprocess.Popen(
@@ -89,8 +88,21 @@ def test_signal_under_mpirun_checkpoints_every_group_and_resume_finishes(
         except Exception:  # the study is being created
             running = []
         if len(running) == 2:
-            break
+            return proc, url, config, cmd, env
         time.sleep(0.1)
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", [signal.SIGUSR1, signal.SIGTERM])
+def test_signal_under_mpirun_checkpoints_every_group_and_resume_finishes(
+    tmp_path: Path, signum: signal.Signals
+) -> None:
+    proc, url, config, cmd, env = _two_groups_mid_trial(
+        tmp_path,
+        {"enabled": True, "every_n_steps": 2, "heartbeat_interval": 1, "grace_period": 2},
+        {"population_steps": 2},
+    )
     ranks = _ranks(proc.pid)
     assert len(ranks) == 2, ranks
     sent = time.monotonic()
@@ -133,3 +145,35 @@ def test_signal_under_mpirun_checkpoints_every_group_and_resume_finishes(
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert again.returncode == 0 and "no trial left to run" in again.stdout
+
+
+def _world_rank(pid: int) -> int:
+    """The MPI rank of a process (MPICH's ``PMI_RANK``, Open MPI's ``OMPI_COMM_WORLD_RANK``)."""
+    env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    for entry in env:
+        for key in (b"PMI_RANK=", b"OMPI_COMM_WORLD_RANK="):
+            if entry.startswith(key):
+                return int(entry[len(key) :])
+    raise AssertionError(f"no rank in the environment of {pid}")
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_signal_to_rank_0_alone_gives_back_every_group_trial(tmp_path: Path) -> None:
+    """Issue 23: rank 0 alone gets SIGTERM; rank 1 (the other group's leader) learns of it at
+    its next step, gives back its trial too, and the job exits 143: nothing RUNNING."""
+    # a heartbeat of 60 s: the grace period would not give the trials back in the test
+    proc, url, _, _, _ = _two_groups_mid_trial(tmp_path, {"heartbeat_interval": 60}, {})
+    time.sleep(0.5)  # both past their first steps
+    rank0 = next(pid for pid in _ranks(proc.pid) if _world_rank(pid) == 0)
+    sent = time.monotonic()
+    os.kill(rank0, signal.SIGTERM)
+    output, _ = proc.communicate(timeout=60)
+    assert time.monotonic() - sent < 30, output[-3000:]
+    assert proc.returncode == 143, output[-3000:]
+    study = optuna.load_study(study_name="sig", storage=url)
+    trials = study.get_trials()
+    assert [t for t in trials if t.state == TrialState.RUNNING] == [], output[-3000:]
+    stopped = [t for t in trials if t.system_attrs.get(_keys.CHECKPOINT_PREEMPTED) == "SIGTERM"]
+    assert len(stopped) == 2, [(t.number, t.state) for t in trials]
+    assert "Another rank of the job received SIGTERM" in output

@@ -6,10 +6,12 @@ with ``HPCNAS_REQUIRE_SERVICES=1`` (CI) it fails.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from collections.abc import Iterator
 import os
 from pathlib import Path
 import socket
+import threading
 import uuid
 
 import optuna
@@ -127,3 +129,29 @@ def storage_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 def shared_storage_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """Every backend meant for several worker processes."""
     return backend_url(request, request.param, tmp_path)
+
+
+def sweep_in_threads(
+    studies: list[optuna.Study], sweep: Callable[[optuna.Study], list[int]]
+) -> list[int]:
+    """``sweep`` on every study at once (one thread each, released together): every number
+    they returned; the first error of a thread is raised."""
+    barrier = threading.Barrier(len(studies))
+    won: list[int] = []
+    errors: list[BaseException] = []
+
+    def run(study: optuna.Study) -> None:
+        try:
+            barrier.wait()
+            won.extend(sweep(study))
+        except BaseException as e:  # raised below, in the test's thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(s,)) for s in studies]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    if errors:
+        raise errors[0]
+    return won

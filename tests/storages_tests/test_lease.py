@@ -7,7 +7,6 @@ from pathlib import Path
 import signal
 import subprocess
 import sys
-import threading
 import time
 
 import optuna
@@ -22,6 +21,7 @@ from optuna_hpcnas.storages import recover_expired_trials
 from optuna_hpcnas.storages import TrialLease
 
 from .conftest import backend_url
+from .conftest import sweep_in_threads
 
 ROOT = Path(__file__).resolve().parents[2]
 _X = {"x": optuna.distributions.FloatDistribution(0.0, 1.0)}
@@ -140,24 +140,8 @@ def test_concurrent_sweeps_requeue_a_trial_once(storage_url: str) -> None:
         optuna.load_study(study_name="race", storage=open_storage(shared_storage_url))
         for _ in range(6)
     ]
-    barrier = threading.Barrier(len(sweepers))
-    results: list[list[int]] = []
-    errors: list[BaseException] = []
-
-    def sweep(s: optuna.Study) -> None:
-        try:
-            barrier.wait()
-            results.append(recover_expired_trials(s, grace_period=0.2))
-        except BaseException as e:  # surfaced below with its type
-            errors.append(e)
-
-    threads = [threading.Thread(target=sweep, args=(s,)) for s in sweepers]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=60)
-    assert not errors, errors
-    assert sorted(n for r in results for n in r) == list(range(6))
+    won = sweep_in_threads(sweepers, lambda s: recover_expired_trials(s, grace_period=0.2))
+    assert sorted(won) == list(range(6))
     trials = study.get_trials(deepcopy=False)
     assert [t.state for t in trials] == [TrialState.FAIL] * 6 + [TrialState.WAITING] * 6
     retried = sorted(RetryHeartbeatStaleTrialCallback.retried_trial_number(t) for t in trials[6:])
