@@ -550,10 +550,10 @@ seed = 0
 name = "staged"                # staged (the [stages] below) | median | hyperband | none
 
 [stages]                       # quick -> medium -> full, early stop after `patience` epochs
-stages = [
-    { name = "quick", epochs = 2, lr = 3e-3, promote = 0.34 },
-    { name = "medium", epochs = 4, lr = 3e-3, promote = 0.34 },
-    { name = "full", epochs = 12, lr = 3e-3 },
+stages = [                     # lr 1e-2: the candidates' own training moves the ranking here
+    { name = "quick", epochs = 2, lr = 1e-2, promote = 0.34 },
+    { name = "medium", epochs = 4, lr = 1e-2, promote = 0.34 },
+    { name = "full", epochs = 12, lr = 1e-2 },
 ]
 patience = 3
 
