@@ -4,10 +4,16 @@ smallest path of the sandwich rule (BigNAS) and the growing space of a progressi
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-from torch import nn
 
 from optuna_hpcnas.search_space import Architecture
+from optuna_hpcnas.search_space import HierarchicalSearchSpace
+
+if TYPE_CHECKING:
+    from optuna_hpcnas.supernet._few_shot import FewShotSuperNet
+    from optuna_hpcnas.supernet._supernet import SuperNet
 
 # Architectures sampled to find the largest and the smallest path: the spaces are too large
 # to enumerate, and the extremes of a few hundred draws are within a decision of the true
@@ -16,7 +22,7 @@ EXTREME_POOL = 256
 
 
 def extreme_architectures(
-    supernet: nn.Module, rng: np.random.Generator, *, pool: int = EXTREME_POOL
+    supernet: SuperNet | FewShotSuperNet, rng: np.random.Generator, *, pool: int = EXTREME_POOL
 ) -> tuple[Architecture, Architecture]:
     """``(largest, smallest)`` by the parameters of the path, among ``pool`` sampled
     architectures (the whole space when it is no larger)."""
@@ -30,10 +36,10 @@ def extreme_architectures(
 
 
 def progressive_path(
-    space: object, anchor: Architecture, rng: np.random.Generator, *, keep: float
+    space: HierarchicalSearchSpace, anchor: Architecture, rng: np.random.Generator, *, keep: float
 ) -> Architecture:
     """A path that keeps each decision of ``anchor`` with probability ``keep`` and draws the
     others (``keep = 1``: the anchor; ``keep = 0``: a uniform sample)."""
-    params = space.to_params(anchor)  # type: ignore[attr-defined]
+    params = space.to_params(anchor)
     fixed = {k: v for k, v in params.items() if rng.random() < keep}
-    return space.sample(rng, fixed=fixed)  # type: ignore[attr-defined]
+    return space.sample(rng, fixed=fixed)

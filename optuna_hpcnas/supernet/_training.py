@@ -420,11 +420,14 @@ class SupernetTrainer:
                 decision,
                 ", ".join(f"{k} {v:.3f}" for k, v in self.disagreement.items()),
             )
-        self._apply_split(decision)
+        self.split_on(decision)
         return decision
 
-    def _apply_split(self, decision: str) -> None:
-        assert isinstance(self.supernet, SuperNet)
+    def split_on(self, decision: str) -> None:
+        """Split the supernet on ``decision`` (a restored few-shot checkpoint is split the
+        same way before its weights are loaded)."""
+        if not isinstance(self.supernet, SuperNet):
+            raise ValueError(f"The supernet is already split on {self.supernet.decision!r}.")
         self.supernet = FewShotSuperNet.split(self.supernet, decision).to(self.device)
         self.optimizer = make_optimizer(self.supernet.parameters(), self.config)
 
@@ -471,7 +474,7 @@ class SupernetTrainer:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state.get("few_shot") and not isinstance(self.supernet, FewShotSuperNet):
-            self._apply_split(str(state["few_shot"]))
+            self.split_on(str(state["few_shot"]))
         self.supernet.load_state_dict(state["supernet"])
         self.optimizer.load_state_dict(state["optimizer"])
         if self.scaler is not None and state.get("scaler"):
