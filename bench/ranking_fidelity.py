@@ -257,6 +257,7 @@ def main() -> None:
         },
         "supernet_seconds": supernet_seconds,
         "stage_seconds": stage_seconds,
+        "scores": scores,
     }
     rows_path = RESULTS / f"fidelity_{args.task}_{args.seed}.jsonl"
     with rows_path.open("a") as f:
