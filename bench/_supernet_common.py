@@ -26,10 +26,19 @@ def sample_architectures(space: Any, n: int, seed: int) -> list[Any]:
 
 
 def train_supernet(
-    space: Any, data: Any, *, epochs: int, paths: int, seed: int, sampling: str = "fair"
+    space: Any,
+    data: Any,
+    *,
+    epochs: int,
+    paths: int,
+    seed: int,
+    sampling: str = "fair",
+    batch_size: int = 32,
+    **options: Any,
 ) -> Any:
-    """The benchmarks' supernet: Adam lr 1e-2, batch 32, ``paths`` paths per batch; returns
-    the trained ``SupernetTrainer``."""
+    """The benchmarks' supernet: Adam lr 1e-2, batch 32, ``paths`` paths per batch, any other
+    ``SupernetTrainingConfig`` field in ``options`` (the remedies); returns the trained
+    ``SupernetTrainer``."""
     from optuna_hpcnas.supernet import SuperNet
     from optuna_hpcnas.supernet import SupernetTrainer
     from optuna_hpcnas.supernet import SupernetTrainingConfig
@@ -41,10 +50,11 @@ def train_supernet(
             paths_per_batch=paths,
             sampling=sampling,
             epochs=epochs,
-            batch_size=32,
+            batch_size=batch_size,
             lr=0.01,
             weight_decay=0.0,
             seed=seed,
+            **options,
         ),
     )
     trainer.fit(data.train)

@@ -1,76 +1,218 @@
-"""Benchmarks 1 and 2 of the supernet issue, on the same candidates in one run.
+"""Ranking fidelity of the supernet against stand-alone training, per task and remedy.
 
-1. Ranking fidelity: Kendall tau and Spearman rho between the supernet scores of N
-   ``digits-small`` architectures at each stage (inherited weights; after the quick stage;
-   after the medium stage) and stand-alone training from scratch as long as the medium stage
-   (``--scratch-epochs``); ``--full-epochs N`` adds a reference of N-epoch trainings (the
-   full stage: the source articles measure their stages against the final ranking).
-   Each reference is the mean validation log-loss of ``--reference-seeds`` trainings (as
-   NAS-Bench-201 averages seeds); one more seed, scored against the same reference, is the
-   peer: what training every candidate from scratch once would reach.
-2. Search cost: wall time of the weight-sharing evaluation (supernet training once, then each
-   candidate's stages) vs training every candidate from scratch once. ``search_cost.py`` does
-   the same over the whole space, with screening.
+The candidates: ``--archs`` architectures drawn uniformly plus the search's top ``--top``
+(the best inherited scores of the plain supernet among ``--pool`` more draws: the region a
+search ends in). The ground truth: each candidate trained alone from scratch with
+``--gt-seeds`` seeds (``train_from_scratch``: Adam lr 2e-2, cosine, weight decay 1e-4; digits
+5 epochs at batch 32, MNIST-1D 2 epochs at batch 64, enough to separate the families), the
+mean validation log-loss. Candidates and ground truth are cached under ``bench/results/``
+(ignored by git) so every remedy is ranked against the same truth; the noise ceiling is one
+seed's tau against the mean of the others.
 
-    python bench/ranking_fidelity.py --archs 50
+A run trains one supernet (``--set field=value`` adds any ``SupernetTrainingConfig`` field:
+the remedies ``sandwich``, ``distillation``, ``progressive_epochs``, ``few_shot``,
+``bn_recalibration_batches``) and scores every candidate inherited (BatchNorm recalibrated),
+after the quick stage and after the medium stage (``--medium-epochs``, ``--medium-lr``). It
+prints Kendall tau of each stage overall and within the top 10 % of the ground truth, and the
+rows of earlier runs on the same ground truth (``bench/results/fidelity_<task>_<seed>.jsonl``).
+
+    python bench/ranking_fidelity.py --task digits
+    python bench/ranking_fidelity.py --task mnist1d --label few-shot --set few_shot=auto
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 from pathlib import Path
 import sys
 import time
+from typing import Any
 
 import numpy as np
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+RESULTS = Path(__file__).resolve().parent / "results"
+# Per task: the space, the stand-alone recipe of the ground truth, the supernet and stages.
+TASKS: dict[str, dict[str, Any]] = {
+    "digits": {
+        "space": "digits-small",
+        "scratch_epochs": 5,
+        "batch_size": 32,
+        "supernet_epochs": 24,
+        "medium_epochs": 4,
+        "medium_lr": 3e-3,
+    },
+    "mnist1d": {
+        "space": "signal-1d",
+        "scratch_epochs": 2,
+        "batch_size": 64,
+        "supernet_epochs": 10,
+        "medium_epochs": 1,
+        "medium_lr": 3e-3,
+    },
+}
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--archs", type=int, default=50)
-    parser.add_argument("--supernet-epochs", type=int, default=24)
-    parser.add_argument("--paths", type=int, default=5)
-    parser.add_argument("--sampling", default="fair", choices=("uniform", "fair"))
-    parser.add_argument("--scratch-epochs", type=int, default=5)
-    parser.add_argument(
-        "--full-epochs",
-        type=int,
-        default=0,
-        help="also rank against stand-alone training this long (the full stage; 0: skip)",
-    )
-    parser.add_argument("--quick-epochs", type=int, default=1)
-    parser.add_argument("--medium-epochs", type=int, default=4)
-    parser.add_argument("--medium-lr", type=float, default=3e-3)
-    parser.add_argument("--reference-seeds", type=int, default=3)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument(
-        "--through-core",
-        action="store_true",
-        help="score the stages with the evaluation core that the API, `hpcnas run` and MPI "
-        "groups use (TrialEvaluator: a study with the candidates queued, every epoch "
-        "reported), instead of this script's own fine-tuning loop",
-    )
-    args = parser.parse_args()
 
-    from _supernet_common import FineTuning
-    from _supernet_common import sample_architectures
-    from _supernet_common import train_supernet
-    from scipy import stats
-    import torch
-
+def load_task(task: str, seed: int) -> tuple[Any, Any]:
     from optuna_hpcnas import HierarchicalSearchSpace
     from optuna_hpcnas.data import load_digits_task
+    from optuna_hpcnas.data import load_mnist1d_task
+
+    if task == "digits":
+        return HierarchicalSearchSpace.preset("digits-small"), load_digits_task(seed=seed)
+    # One process runs every layout of the bench: the cluster level is fixed.
+    space = HierarchicalSearchSpace.preset(
+        "signal-1d", data_parallel=(1,), pipeline_stages=(1,), micro_batch_sizes=(32,)
+    )
+    return space, load_mnist1d_task(seed=seed)
+
+
+def parse_value(text: str) -> Any:
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return {"true": True, "false": False}.get(text.lower(), text)
+
+
+def ground_truth(args: argparse.Namespace, space: Any, data: Any) -> dict[str, Any]:
+    """The candidates and their stand-alone losses, read from the cache when it matches."""
+    from _supernet_common import sample_architectures
+    from _supernet_common import train_supernet
+
     from optuna_hpcnas.evaluation import evaluate
     from optuna_hpcnas.evaluation import train_from_scratch
 
+    task = TASKS[args.task]
+    settings = {
+        "task": args.task,
+        "seed": args.seed,
+        "archs": args.archs,
+        "top": args.top,
+        "pool": args.pool,
+        "gt_seeds": args.gt_seeds,
+        "scratch_epochs": task["scratch_epochs"],
+        "batch_size": task["batch_size"],
+    }
+    path = RESULTS / f"fidelity_{args.task}_{args.seed}_truth.json"
+    if path.exists():
+        cached = json.loads(path.read_text())
+        if cached["settings"] == settings:
+            return cached
+    drawn = sample_architectures(space, args.archs + args.pool, args.seed)
+    uniform, pool = drawn[: args.archs], drawn[args.archs :]
+    t0 = time.perf_counter()
+    plain = train_supernet(
+        space,
+        data,
+        epochs=task["supernet_epochs"],
+        paths=5,
+        seed=args.seed,
+        batch_size=task["batch_size"],
+    )
+    scores = [evaluate(plain.calibrated_subnet(a, data.train), data.valid)[1] for a in pool]
+    top = [pool[int(i)] for i in np.argsort(scores)[: args.top]]
+    print(f"top {args.top} of {args.pool} by the plain supernet: {time.perf_counter() - t0:.0f} s")
+    archs = uniform + top
+    losses, accuracies, seconds = [], [], []
+    for k in range(args.gt_seeds):
+        t0 = time.perf_counter()
+        runs = [
+            train_from_scratch(
+                space,
+                a,
+                data,
+                epochs=task["scratch_epochs"],
+                batch_size=task["batch_size"],
+                seed=args.seed + k,
+                latency_repeats=0,
+            )
+            for a in archs
+        ]
+        seconds.append(time.perf_counter() - t0)
+        losses.append([r["valid_loss"] for r in runs])
+        accuracies.append([r["valid_accuracy"] for r in runs])
+        print(f"ground truth seed {args.seed + k}: {seconds[-1]:.0f} s")
+    truth = {
+        "settings": settings,
+        "archs": [a.to_json() for a in archs],
+        "search_top": list(range(args.archs, len(archs))),
+        "loss": losses,
+        "accuracy": accuracies,
+        "seconds": seconds,
+    }
+    RESULTS.mkdir(exist_ok=True)
+    path.write_text(json.dumps(truth))
+    # Rows ranked against an older truth do not belong in the new table.
+    path.with_name(f"fidelity_{args.task}_{args.seed}.jsonl").unlink(missing_ok=True)
+    return truth
+
+
+def taus(values: Any, truth: Any, top: Any) -> tuple[float, float]:
+    """Kendall tau overall and within ``top`` (indices of the best ground truth)."""
+    from scipy import stats
+
+    values, truth = np.asarray(values), np.asarray(truth)
+    return (
+        float(stats.kendalltau(values, truth).statistic),
+        float(stats.kendalltau(values[top], truth[top]).statistic),
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--task", choices=sorted(TASKS), default="digits")
+    parser.add_argument("--archs", type=int, default=50)
+    parser.add_argument("--top", type=int, default=10)
+    parser.add_argument("--pool", type=int, default=300)
+    parser.add_argument("--gt-seeds", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--supernet-epochs", type=int, default=None)
+    parser.add_argument("--paths", type=int, default=5)
+    parser.add_argument("--sampling", default="fair", choices=("uniform", "fair"))
+    parser.add_argument("--quick-epochs", type=int, default=1)
+    parser.add_argument("--medium-epochs", type=int, default=None)
+    parser.add_argument("--medium-lr", type=float, default=None)
+    parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE")
+    parser.add_argument("--label", default="one-shot")
+    parser.add_argument(
+        "--inherited-only",
+        action="store_true",
+        help="score inherited weights only (a screening run: no quick or medium stage)",
+    )
+    parser.add_argument(
+        "--through-core",
+        action="store_true",
+        help="score the stages with the evaluation core (TrialEvaluator) instead of this "
+        "script's fine-tuning loop",
+    )
+    args = parser.parse_args()
+    task = TASKS[args.task]
+    for name in ("supernet_epochs", "medium_epochs", "medium_lr"):
+        if getattr(args, name) is None:
+            setattr(args, name, task[name])
+    options = dict(item.split("=", 1) for item in args.set)
+    options = {k: parse_value(v) for k, v in options.items()}
+
+    from _supernet_common import FineTuning
+    from _supernet_common import train_supernet
+    import torch
+
+    from optuna_hpcnas.evaluation import evaluate
+    from optuna_hpcnas.search_space import Architecture
+
     torch.set_num_threads(1)
-    space = HierarchicalSearchSpace.preset("digits-small")
-    data = load_digits_task(seed=args.seed)
-    archs = sample_architectures(space, args.archs, args.seed)
+    space, data = load_task(args.task, args.seed)
+    truth = ground_truth(args, space, data)
+    archs = [Architecture.from_json(a) for a in truth["archs"]]
+    reference = np.mean(truth["loss"], axis=0)
+    n_top = max(2, round(0.1 * len(archs)))
+    top = np.argsort(reference)[:n_top]
 
     t0 = time.perf_counter()
     trainer = train_supernet(
@@ -80,109 +222,99 @@ def main() -> None:
         paths=args.paths,
         seed=args.seed,
         sampling=args.sampling,
+        batch_size=task["batch_size"],
+        **options,
     )
     supernet_seconds = time.perf_counter() - t0
-
-    scores: dict[str, list[float]] = {"inherited": [], "quick": [], "medium": []}
-    seconds = {"inherited": 0.0, "fine-tuning": 0.0}
+    t0 = time.perf_counter()
     if args.through_core:
-        scores, seconds = _core_scores(trainer, data, archs, args)
-    for arch in archs if not args.through_core else []:
-        t0 = time.perf_counter()
-        model = trainer.calibrated_subnet(arch, data.train)
-        scores["inherited"].append(evaluate(model, data.valid)[1])
-        t1 = time.perf_counter()
-        tuning = FineTuning(model, data, seed=args.seed)
-        scores["quick"].append(tuning.stage(args.quick_epochs, 1e-3, anneal=False)[1])
-        scores["medium"].append(tuning.stage(args.medium_epochs, args.medium_lr, anneal=True)[1])
-        seconds["inherited"] += t1 - t0
-        seconds["fine-tuning"] += time.perf_counter() - t1
-
-    def scratch_runs(epochs: int) -> tuple[list[list[float]], float]:
-        """Validation log-losses of every candidate for each of the reference seeds and the
-        peer seed; and the seconds of the first seed."""
-        runs, first_seconds = [], 0.0
-        for k in range(args.reference_seeds + 1):
-            t0 = time.perf_counter()
-            runs.append(
-                [
-                    train_from_scratch(
-                        space, a, data, epochs=epochs, seed=args.seed + k, latency_repeats=0
-                    )["valid_loss"]
-                    for a in archs
-                ]
+        scores = _core_scores(trainer, data, archs, args)
+    else:
+        scores = {"inherited": [], "quick": [], "medium": []}
+        for arch in archs:
+            model = trainer.calibrated_subnet(arch, data.train)
+            scores["inherited"].append(evaluate(model, data.valid)[1])
+            if args.inherited_only:
+                continue
+            tuning = FineTuning(model, data, seed=args.seed, batch_size=task["batch_size"])
+            scores["quick"].append(tuning.stage(args.quick_epochs, 1e-3, anneal=False)[1])
+            scores["medium"].append(
+                tuning.stage(args.medium_epochs, args.medium_lr, anneal=True)[1]
             )
-            if k == 0:
-                first_seconds = time.perf_counter() - t0
-        return runs, first_seconds
+    stage_seconds = time.perf_counter() - t0
 
-    short_runs, scratch_seconds = scratch_runs(args.scratch_epochs)
-    references = [(args.scratch_epochs, short_runs)]
-    if args.full_epochs:
-        references.insert(0, (args.full_epochs, scratch_runs(args.full_epochs)[0]))
-
-    n = len(archs)
-    print(
-        f"\nsupernet: {args.supernet_epochs} epochs, {args.paths} paths per batch "
-        f"({args.sampling}); fine-tuning with Adam, the same batch order for every "
-        f"candidate: quick lr 1e-3, medium lr {args.medium_lr:g} annealed to 0"
-    )
-    epochs_of = {
-        "inherited": 0,
-        "quick": args.quick_epochs,
-        "medium": args.quick_epochs + args.medium_epochs,
+    row = {
+        "label": args.label,
+        "options": options,
+        "supernet_epochs": args.supernet_epochs,
+        "paths": args.paths,
+        "sampling": args.sampling,
+        "medium": f"{args.medium_epochs} ep lr {args.medium_lr:g}",
+        "split": getattr(trainer.supernet, "decision", ""),
+        "disagreement": trainer.disagreement,
+        "taus": {
+            stage: taus(values, reference, top) for stage, values in scores.items() if values
+        },
+        "supernet_seconds": supernet_seconds,
+        "stage_seconds": stage_seconds,
+        "scores": scores,
     }
-    for epochs, runs in references:
-        reference = np.mean(runs[: args.reference_seeds], axis=0)
-        first = runs[0]
-        print(
-            f"\nRanking fidelity on {n} digits-small architectures vs stand-alone training "
-            f"for {epochs} epochs: validation log-loss; reference = mean of "
-            f"{args.reference_seeds} seeds (one seed in the last column)"
-        )
-        print(
-            f"{'stage':<26} {'epochs':>6} {'kendall tau':>11} {'spearman rho':>12} "
-            f"{'tau, 1 seed':>11} {'target':>8}"
-        )
-        rows = [(stage, epochs_of[stage], values) for stage, values in scores.items()]
-        peer_seed = args.seed + args.reference_seeds
-        for peer_epochs, peer_runs in references[::-1]:
-            rows.append((f"from scratch, seed {peer_seed}*", peer_epochs, peer_runs[-1]))
-        for label, stage_epochs, values in rows:
-            target = "tau>=0.6" if label == "medium" else ""
-            print(
-                f"{label:<26} {stage_epochs:>6} "
-                f"{stats.kendalltau(values, reference).statistic:>11.3f} "
-                f"{stats.spearmanr(values, reference).statistic:>12.3f} "
-                f"{stats.kendalltau(values, first).statistic:>11.3f} {target:>8}"
-            )
-    print(
-        "* a seed not in the references: the peer (training every candidate from scratch "
-        "once), and the noise ceiling of any one training"
-    )
+    rows_path = RESULTS / f"fidelity_{args.task}_{args.seed}.jsonl"
+    with rows_path.open("a") as f:
+        f.write(json.dumps(row) + "\n")
+    rows = [json.loads(line) for line in rows_path.read_text().splitlines()]
+    print_table(args, truth, reference, top, rows)
 
-    print(f"\nSearch cost for the same {n} candidates (one CPU thread)")
-    print(f"{'method':<46} {'seconds':>8} {'vs scratch':>10}")
-    print(f"{'train every candidate from scratch once':<46} {scratch_seconds:>8.1f} {1.0:>9.1f}x")
-    cumulative = supernet_seconds
-    for stage in ("inherited", "fine-tuning"):
-        cumulative += seconds[stage]
-        what = "inherited scores" if stage == "inherited" else "quick + medium for all"
-        label = f"supernet ({supernet_seconds:.0f} s) + {what}"
-        print(f"{label:<46} {cumulative:>8.1f} {scratch_seconds / cumulative:>9.1f}x")
-    per_scratch = scratch_seconds / n
-    per_inherited = seconds["inherited"] / n
+
+def print_table(
+    args: argparse.Namespace, truth: dict[str, Any], reference: Any, top: Any, rows: list
+) -> None:
+    task = TASKS[args.task]
+    n, k = len(reference), len(truth["loss"])
     print(
-        f"per candidate: scratch {per_scratch:.2f} s, inherited {per_inherited:.3f} s "
-        f"({per_scratch / per_inherited:.0f}x), quick + medium "
-        f"{seconds['fine-tuning'] / n:.2f} s; the supernet pays off after "
-        f"{supernet_seconds / max(per_scratch - per_inherited, 1e-9):.0f} candidates"
+        f"\nRanking fidelity on {args.task} ({task['space']}, data seed {args.seed}): {n} "
+        f"candidates ({args.archs} uniform + the search's top {args.top} of {args.pool}); "
+        f"ground truth: stand-alone {task['scratch_epochs']} epochs, mean validation log-loss "
+        f"of {k} seeds ({', '.join(f'{s:.0f}' for s in truth['seconds'])} s each); "
+        f"Kendall tau overall / within the top {len(top)} (10 %)"
     )
+    print(
+        f"{'remedy':<30} {'split':<14} {'supernet':>8} {'stages':>7} "
+        f"{'inherited':>13} {'quick':>13} {'medium':>13}"
+    )
+    for row in rows:
+        cells = " ".join(
+            f"{row['taus'][s][0]:>6.3f}/{row['taus'][s][1]:>6.3f}"
+            if s in row["taus"]
+            else f"{'-':>13}"
+            for s in ("inherited", "quick", "medium")
+        )
+        label = f"{row['label']} ({row['medium']})"
+        print(
+            f"{label:<30} {row['split'] or '-':<14} {row['supernet_seconds']:>7.0f}s "
+            f"{row['stage_seconds']:>6.0f}s {cells}"
+        )
+    # The peer: one more stand-alone training scored against the others (the noise ceiling).
+    ceilings = []
+    for i in range(k):
+        others = np.mean([truth["loss"][j] for j in range(k) if j != i], axis=0)
+        ceilings.append(taus(truth["loss"][i], others, top))
+    mean = np.mean(ceilings, axis=0)
+    print(
+        f"{'one stand-alone seed vs the others (peer)':<54} "
+        f"{'':>13} {'':>13} {mean[0]:>6.3f}/{mean[1]:>6.3f}"
+    )
+    last = rows[-1]
+    if last["disagreement"]:
+        ranked = sorted(last["disagreement"].items(), key=lambda kv: -kv[1])
+        print(
+            "gradient disagreement per decision: " + ", ".join(f"{d} {v:.3f}" for d, v in ranked)
+        )
 
 
 def _core_scores(
     trainer: object, data: object, archs: list, args: argparse.Namespace
-) -> tuple[dict[str, list[float]], dict[str, float]]:
+) -> dict[str, list[float]]:
     """Validation log-loss of each candidate inherited, after the quick and after the medium
     stage, through ``TrialEvaluator`` (each trial's own batch order, cosine lr per stage)."""
     import optuna
@@ -195,7 +327,10 @@ def _core_scores(
     from optuna_hpcnas.pruners import StagePlan
 
     config = ObjectiveConfig(
-        objectives=("loss",), optimizer="adam", batch_size=32, latency_repeats=1
+        objectives=("loss",),
+        optimizer="adam",
+        batch_size=TASKS[args.task]["batch_size"],
+        latency_repeats=1,
     )
     core = TrialEvaluator(data, trainer, config, seed=args.seed)  # type: ignore[arg-type]
     stages = StagePlan(
@@ -210,21 +345,16 @@ def _core_scores(
     from optuna_hpcnas.evaluation import evaluate
 
     scores: dict[str, list[float]] = {"inherited": [], "quick": [], "medium": []}
-    seconds = {"inherited": 0.0, "fine-tuning": 0.0}
     for arch in archs:
-        t0 = time.perf_counter()
         model = trainer.calibrated_subnet(arch, data.train)  # type: ignore[attr-defined]
         scores["inherited"].append(evaluate(model, data.valid)[1])  # type: ignore[attr-defined]
-        t1 = time.perf_counter()
         trial = study.ask()
         outcome = core.evaluate(arch, OptunaTrialLink(trial, plan))
         study.tell(trial, outcome.values)
         frozen = study.trials[-1]
         scores["quick"].append(frozen.intermediate_values[args.quick_epochs])
         scores["medium"].append(frozen.intermediate_values[stages.total_epochs])
-        seconds["inherited"] += t1 - t0
-        seconds["fine-tuning"] += time.perf_counter() - t1
-    return scores, seconds
+    return scores
 
 
 if __name__ == "__main__":

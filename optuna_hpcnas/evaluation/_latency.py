@@ -19,6 +19,7 @@ from torch import nn
 
 from optuna_hpcnas.evaluation._measure import measure_latency
 from optuna_hpcnas.search_space import Architecture
+from optuna_hpcnas.supernet import FewShotSuperNet
 from optuna_hpcnas.supernet import SuperNet
 
 
@@ -52,13 +53,13 @@ class LatencyPredictor:
 
     def __init__(
         self,
-        supernet: SuperNet,
+        supernet: SuperNet | FewShotSuperNet,
         *,
         batch_size: int = 1,
         repeats: int = 10,
         measure: Callable[[nn.Module, tuple[int, ...]], float] | None = None,
     ) -> None:
-        if not isinstance(supernet, SuperNet):
+        if not isinstance(supernet, (SuperNet, FewShotSuperNet)):
             raise TypeError(f"`supernet` must be a SuperNet, but got {type(supernet).__name__}.")
         if repeats < 1:
             raise ValueError(f"`repeats` is {repeats}, but must be >= 1.")

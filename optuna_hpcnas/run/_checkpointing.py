@@ -78,9 +78,13 @@ class SupernetCheckpoints:
     def restore(self) -> bool:
         """Load the newest valid supernet checkpoint; whether there was one."""
         from optuna_hpcnas.checkpoints import restore_training_state
+        from optuna_hpcnas.supernet import FewShotSuperNet
 
         def apply(checkpoint: Checkpoint) -> None:
             steps = supernet_steps(checkpoint)  # checked before anything is restored
+            few_shot = str(checkpoint.metadata.get("few_shot", ""))
+            if few_shot and not isinstance(self.trainer.supernet, FewShotSuperNet):
+                self.trainer.split_on(few_shot)  # the parts first, then their weights
             meta = restore_training_state(
                 checkpoint, self.trainer.supernet, self.trainer.optimizer
             )
@@ -116,7 +120,11 @@ class SupernetCheckpoints:
         tensors, metadata = training_state(
             self.trainer.supernet,
             self.trainer.optimizer,
-            extra={"supernet_steps": steps, "trials_finished": finished},
+            extra={
+                "supernet_steps": steps,
+                "trials_finished": finished,
+                "few_shot": getattr(self.trainer.supernet, "decision", ""),
+            },
         )
         info = self.calls.checkpoint(
             self.policy.supernet.save, tensors, step=steps, metadata=metadata

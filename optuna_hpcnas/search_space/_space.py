@@ -703,10 +703,28 @@ class HierarchicalSearchSpace:
                 out[d.name] = d.choices[int(rng.integers(len(d.choices)))]
         return out
 
-    def sample(self, rng: np.random.Generator) -> Architecture:
-        """A uniformly random choice per decision (a feasible layout is redrawn if needed)."""
+    def sample(
+        self, rng: np.random.Generator, *, fixed: Mapping[str, Choice] | None = None
+    ) -> Architecture:
+        """A uniformly random choice per decision (a feasible layout is redrawn if needed).
+
+        ``fixed``: values kept wherever their decision applies (the rest is drawn), e.g.
+        ``{"node.cell0.op": "conv3x3"}`` samples the part of the space with that operator.
+        """
+        fixed = dict(fixed or {})
+        unknown = sorted(set(fixed) - set(self._by_name))
+        if unknown:
+            raise ValueError(
+                f"`fixed` names {unknown[0]!r}, which is not a decision of the space."
+            )
+        for name, value in fixed.items():
+            if value not in self._by_name[name].choices:
+                raise ValueError(
+                    f"`fixed` gives {name!r} the value {value!r}, but its choices are "
+                    f"{list(self._by_name[name].choices)}."
+                )
         for _ in range(1000):
-            arch = self._architecture(self._complete({}, rng))
+            arch = self._architecture(self._complete(fixed, rng))
             if self.is_feasible(arch):
                 return arch
         raise RuntimeError("No feasible architecture found in 1000 draws.")  # pragma: no cover

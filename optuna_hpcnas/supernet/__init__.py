@@ -13,6 +13,8 @@ from optuna_hpcnas.supernet._config import Precision
 from optuna_hpcnas.supernet._config import SupernetTrainingConfig
 
 if TYPE_CHECKING:
+    from optuna_hpcnas.supernet._few_shot import decision_disagreement
+    from optuna_hpcnas.supernet._few_shot import FewShotSuperNet
     from optuna_hpcnas.supernet._layers import CellLayer
     from optuna_hpcnas.supernet._ops import SharedOp
     from optuna_hpcnas.supernet._supernet import layer_recipes
@@ -27,6 +29,8 @@ if TYPE_CHECKING:
 # Names whose modules import torch, loaded on first use: the torch-free configuration
 # classes above can then be imported (by a run configuration) without torch.
 _LAZY = {
+    "decision_disagreement": "optuna_hpcnas.supernet._few_shot",
+    "FewShotSuperNet": "optuna_hpcnas.supernet._few_shot",
     "CellLayer": "optuna_hpcnas.supernet._layers",
     "SharedOp": "optuna_hpcnas.supernet._ops",
     "layer_recipes": "optuna_hpcnas.supernet._supernet",
@@ -43,6 +47,7 @@ __getattr__ = lazy_attributes(__name__, _LAZY)
 
 __all__ = [
     "CellLayer",
+    "FewShotSuperNet",
     "LayerRecipe",
     "PathSampling",
     "Precision",
@@ -52,6 +57,7 @@ __all__ = [
     "SuperNet",
     "SupernetTrainer",
     "SupernetTrainingConfig",
+    "decision_disagreement",
     "layer_recipes",
     "recalibrate_batch_norm",
     "train_step",

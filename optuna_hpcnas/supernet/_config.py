@@ -47,6 +47,25 @@ class SupernetTrainingConfig:
         bn_recalibration_batches: Training batches used to recompute a subnet's BatchNorm
             statistics before it is scored.
         seed: Seed of path sampling and data order.
+        sandwich: The sandwich rule (BigNAS): every batch trains the largest and the
+            smallest path of the space (by parameters, among 256 sampled architectures) plus
+            ``paths_per_batch - 2`` sampled ones (``paths_per_batch`` must be >= 2).
+        distillation: In-place distillation with ``sandwich``: the other paths of a batch
+            learn ``(1 - a) * cross-entropy + a * KL(largest's soft targets || path)``,
+            with ``a`` this weight (``0``: off).
+        progressive_epochs: Progressive warm-up: during the first ``progressive_epochs``
+            epochs a path keeps each decision of the largest path with probability
+            ``1 - epoch / progressive_epochs`` and draws the others, so the space grows from
+            the largest path alone to the whole space (``0``: off).
+        few_shot: Few-shot supernet: after ``few_shot_epochs`` epochs of one-shot warm-up
+            the supernet is split on one decision into one sub-supernet per choice, each
+            owning the operators of its branch and trained only on its paths. ``""``: off;
+            ``"auto"``: the decision whose choices' gradients on the shared weights disagree
+            most (``supernet.decision_disagreement``); or a decision name
+            (``"node.stem"``, ``"node.cell0.op"``, ``"node.topology"``, ``"node.head"``).
+        few_shot_epochs: One-shot epochs before the split.
+        few_shot_max_parts: ``"auto"`` considers only decisions with at most this many
+            choices.
     """
 
     paths_per_batch: int = 10
@@ -61,6 +80,12 @@ class SupernetTrainingConfig:
     grad_clip: float = 5.0
     bn_recalibration_batches: int = 4
     seed: int = 0
+    sandwich: bool = False
+    distillation: float = 0.0
+    progressive_epochs: int = 0
+    few_shot: str = ""
+    few_shot_epochs: int = 2
+    few_shot_max_parts: int = 8
 
     def __post_init__(self) -> None:
         for name in (
@@ -69,6 +94,9 @@ class SupernetTrainingConfig:
             "epochs",
             "bn_recalibration_batches",
             "seed",
+            "progressive_epochs",
+            "few_shot_epochs",
+            "few_shot_max_parts",
         ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int):
@@ -76,10 +104,15 @@ class SupernetTrainingConfig:
         for name in ("paths_per_batch", "batch_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"`{name}` is {getattr(self, name)}, but must be >= 1.")
-        for name in ("epochs", "bn_recalibration_batches"):
+        for name in (
+            "epochs",
+            "bn_recalibration_batches",
+            "progressive_epochs",
+            "few_shot_epochs",
+        ):
             if getattr(self, name) < 0:
                 raise ValueError(f"`{name}` is {getattr(self, name)}, but must be >= 0.")
-        for name in ("lr", "momentum", "weight_decay", "grad_clip"):
+        for name in ("lr", "momentum", "weight_decay", "grad_clip", "distillation"):
             value = getattr(self, name)
             if (
                 isinstance(value, bool)
@@ -91,6 +124,26 @@ class SupernetTrainingConfig:
                 raise ValueError(
                     f"`{name}` is {value!r}, but must be {'> 0' if name == 'lr' else '>= 0'}."
                 )
+        if not isinstance(self.sandwich, bool):
+            raise TypeError(f"`sandwich` must be a bool, but got {self.sandwich!r}.")
+        if self.sandwich and self.paths_per_batch < 2:
+            raise ValueError(
+                f"`paths_per_batch` is {self.paths_per_batch}, but the sandwich rule needs >= 2 "
+                "(the largest and the smallest path)."
+            )
+        if self.distillation > 1:
+            raise ValueError(f"`distillation` is {self.distillation}, but must be <= 1.")
+        if self.distillation > 0 and not self.sandwich:
+            raise ValueError(
+                f"`distillation` is {self.distillation}, but in-place distillation learns from "
+                "the largest path: set `sandwich = true` too."
+            )
+        if not isinstance(self.few_shot, str):
+            raise TypeError(f"`few_shot` must be a string, but got {self.few_shot!r}.")
+        if self.few_shot_max_parts < 2:
+            raise ValueError(
+                f"`few_shot_max_parts` is {self.few_shot_max_parts}, but must be >= 2."
+            )
         if self.optimizer not in ("adam", "sgd"):
             raise ValueError(f"`optimizer` is {self.optimizer!r}, but must be 'adam' or 'sgd'.")
         if self.momentum >= 1:

@@ -34,6 +34,11 @@ from optuna_hpcnas.search_space import Architecture
 from optuna_hpcnas.supernet._config import PathSampling
 from optuna_hpcnas.supernet._config import Precision
 from optuna_hpcnas.supernet._config import SupernetTrainingConfig
+from optuna_hpcnas.supernet._few_shot import decision_disagreement
+from optuna_hpcnas.supernet._few_shot import FewShotSuperNet
+from optuna_hpcnas.supernet._few_shot import split_candidates
+from optuna_hpcnas.supernet._paths import extreme_architectures
+from optuna_hpcnas.supernet._paths import progressive_path
 from optuna_hpcnas.supernet._supernet import SuperNet
 
 _logger = logging.getLogger(__name__)
@@ -74,12 +79,15 @@ def train_step(
     precision: Precision | str = Precision.FP32,
     scaler: torch.amp.GradScaler | None = None,
     grad_clip: float = 0.0,
+    distillation: float = 0.0,
 ) -> StepResult:
     """One optimizer step with gradients accumulated over ``archs`` on the batch ``(x, y)``.
 
     ``model(x, arch)`` is called per path (``model(x)`` for a ``None`` path, e.g. a plain
     subnet). A non-finite loss skips the update (the gradients are dropped) and is reported
-    in the result, so the caller decides whether to fail the trial.
+    in the result, so the caller decides whether to fail the trial. ``distillation = a > 0``:
+    the first path is the teacher (in-place distillation); every later path learns
+    ``(1 - a) * cross-entropy + a * KL(teacher's soft targets || path)``.
     """
     if not archs:
         raise ValueError("`archs` is empty; give at least one path.")
@@ -88,10 +96,19 @@ def train_step(
     total = 0.0
     finite = True
     autocast = autocast_context(precision, x.device)
+    soft_targets: torch.Tensor | None = None
     for arch in archs:
         with autocast:
             logits = model(x) if arch is None else model(x, arch)
-            loss = F.cross_entropy(logits.float(), y) / k
+            loss = F.cross_entropy(logits.float(), y)
+            if soft_targets is not None:
+                kl = F.kl_div(
+                    F.log_softmax(logits.float(), dim=1), soft_targets, reduction="batchmean"
+                )
+                loss = (1 - distillation) * loss + distillation * kl
+            elif distillation > 0:
+                soft_targets = F.softmax(logits.detach().float(), dim=1)
+            loss = loss / k
         value = float(loss.detach())  # the one host sync of the path (logged and checked)
         if not math.isfinite(value):
             finite = False
@@ -201,12 +218,12 @@ class SupernetTrainer:
 
     def __init__(
         self,
-        supernet: SuperNet,
+        supernet: SuperNet | FewShotSuperNet,
         config: SupernetTrainingConfig | None = None,
         *,
         device: torch.device | str = "cpu",
     ) -> None:
-        if not isinstance(supernet, SuperNet):
+        if not isinstance(supernet, (SuperNet, FewShotSuperNet)):
             raise TypeError(f"`supernet` must be a SuperNet, but got {type(supernet).__name__}.")
         self.config = config if config is not None else SupernetTrainingConfig()
         if not isinstance(self.config, SupernetTrainingConfig):
@@ -222,6 +239,16 @@ class SupernetTrainer:
         self._rng = np.random.default_rng(self.config.seed)
         self._generator = torch.Generator().manual_seed(self.config.seed)
         self._population: list[Architecture] = []
+        self._extremes: tuple[Architecture, Architecture] | None = None
+        # Which decision each choice disagrees on, when ``few_shot = "auto"`` measured it.
+        self.disagreement: dict[str, float] = {}
+        few_shot = self.config.few_shot
+        if few_shot and few_shot != "auto":
+            candidates = split_candidates(self.space, max_parts=1 << 30)
+            if few_shot not in candidates:
+                raise ValueError(
+                    f"`few_shot` is {few_shot!r}, but must be '', 'auto' or one of {candidates}."
+                )
         self.steps = 0
         self.epochs_done = 0
         self.skipped_steps = 0
@@ -231,8 +258,36 @@ class SupernetTrainer:
         """The live population that ``sampling="population"`` draws paths from."""
         self._population = list(archs)
 
+    @property
+    def extremes(self) -> tuple[Architecture, Architecture]:
+        """``(largest, smallest)`` path of the space (``extreme_architectures``), found once
+        with a generator of its own so that the path stream does not depend on it."""
+        if self._extremes is None:
+            rng = np.random.default_rng([self.config.seed, 1])
+            self._extremes = extreme_architectures(self.supernet, rng)
+        return self._extremes
+
     def sample_paths(self, k: int | None = None) -> list[Architecture]:
+        """The paths of one batch: ``[largest, smallest, k - 2 others]`` under the sandwich
+        rule, else ``k`` from ``sampling`` (near the largest path during a progressive
+        warm-up)."""
         k = self.config.paths_per_batch if k is None else k
+        sandwich = self.config.sandwich and k >= 2
+        others = k - 2 if sandwich else k
+        grown = self.epochs_done / max(self.config.progressive_epochs, 1)
+        if self.config.progressive_epochs and grown < 1:
+            largest = self.extremes[0]
+            paths = [
+                progressive_path(self.space, largest, self._rng, keep=1 - grown)
+                for _ in range(others)
+            ]
+        else:
+            paths = self._sampled_paths(others)
+        return [*self.extremes, *paths] if sandwich else paths
+
+    def _sampled_paths(self, k: int) -> list[Architecture]:
+        if k == 0:
+            return []
         sampling = PathSampling(self.config.sampling)
         if sampling == PathSampling.POPULATION and self._population:
             idx = self._rng.integers(len(self._population), size=k)
@@ -278,7 +333,14 @@ class SupernetTrainer:
         return 0.5 * self.config.lr * (1 + math.cos(math.pi * min(epoch / total, 1.0)))
 
     def train_epoch(self, dataset: Any, *, max_batches: int | None = None) -> float:
-        """One epoch over ``dataset`` (cosine-decayed learning rate); the mean path loss."""
+        """One epoch over ``dataset`` (cosine-decayed learning rate); the mean path loss.
+        The epoch after ``few_shot_epochs`` starts by splitting the supernet."""
+        if (
+            self.config.few_shot
+            and not isinstance(self.supernet, FewShotSuperNet)
+            and self.epochs_done >= self.config.few_shot_epochs
+        ):
+            self.split(dataset)
         self.supernet.train()
         losses = []
         batches = list(
@@ -309,6 +371,7 @@ class SupernetTrainer:
             precision=self.precision,
             scaler=self.scaler,
             grad_clip=self.config.grad_clip,
+            distillation=self.config.distillation if self.config.sandwich else 0.0,
         )
         self.steps += 1
         if not result.finite:
@@ -336,6 +399,39 @@ class SupernetTrainer:
             history.append(self.train_epoch(dataset, max_batches=max_batches))
             _logger.info("supernet epoch %d: loss %.4f", self.epochs_done, history[-1])
         return history
+
+    def split(self, dataset: Any) -> str:
+        """Split the supernet into a ``FewShotSuperNet`` on the configured decision (for
+        ``"auto"``, the one of highest ``decision_disagreement`` on two batches of
+        ``dataset``); the optimizer starts afresh over the parts. Returns the decision."""
+        decision = self.config.few_shot
+        if decision == "auto":
+            generator = torch.Generator().manual_seed(self.config.seed + 1)
+            batches = iterate_batches(
+                dataset, self.config.batch_size, shuffle=True, generator=generator
+            )
+            self.disagreement = decision_disagreement(
+                self.supernet,  # type: ignore[arg-type]
+                [(x.to(self.device), y.to(self.device)) for _, (x, y) in zip(range(2), batches)],
+                np.random.default_rng([self.config.seed, 2]),
+                decisions=split_candidates(self.space, self.config.few_shot_max_parts),
+            )
+            decision = max(self.disagreement, key=self.disagreement.__getitem__)
+            _logger.info(
+                "few-shot split on %s (gradient disagreement %s)",
+                decision,
+                ", ".join(f"{k} {v:.3f}" for k, v in self.disagreement.items()),
+            )
+        self.split_on(decision)
+        return decision
+
+    def split_on(self, decision: str) -> None:
+        """Split the supernet on ``decision`` (a restored few-shot checkpoint is split the
+        same way before its weights are loaded)."""
+        if not isinstance(self.supernet, SuperNet):
+            raise ValueError(f"The supernet is already split on {self.supernet.decision!r}.")
+        self.supernet = FewShotSuperNet.split(self.supernet, decision).to(self.device)
+        self.optimizer = make_optimizer(self.supernet.parameters(), self.config)
 
     # ------------------------------------------------------------------ scoring
     def calibrated_subnet(self, arch: Architecture, dataset: Any) -> nn.Module:
@@ -373,9 +469,14 @@ class SupernetTrainer:
             "epochs_done": self.epochs_done,
             "skipped_steps": self.skipped_steps,
             "population": [a.to_json() for a in self._population],
+            "few_shot": self.supernet.decision
+            if isinstance(self.supernet, FewShotSuperNet)
+            else "",
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("few_shot") and not isinstance(self.supernet, FewShotSuperNet):
+            self.split_on(str(state["few_shot"]))
         self.supernet.load_state_dict(state["supernet"])
         self.optimizer.load_state_dict(state["optimizer"])
         if self.scaler is not None and state.get("scaler"):
