@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import logging
 import os
 from pathlib import Path
+import time
 from typing import Any
 from typing import TYPE_CHECKING
 from typing import TypeVar
@@ -277,6 +278,25 @@ def _running_trials(url: str, name: str) -> int:
 
 
 def _finish(config: RunConfig) -> dict[str, Any]:
+    """``_finish_once``, tried again while the storage is away for at most ``[storage]
+    outage_tolerance_s`` (the last trials can be told just before an outage)."""
+    from optuna_hpcnas.storages import is_connection_error
+
+    deadline = time.monotonic() + config.storage.outage_tolerance_s
+    while True:
+        try:
+            return _finish_once(config)
+        except Exception as e:
+            if not is_connection_error(e):
+                raise
+            if time.monotonic() >= deadline:
+                raise StorageLost(
+                    _resume_hint(f"every trial finished, but the storage went away ({e})")
+                ) from None
+            time.sleep(1.0)
+
+
+def _finish_once(config: RunConfig) -> dict[str, Any]:
     """The dashboard's plots saved in the study (when optuna-dashboard's extra is there), and
     the study's summary."""
     import optuna

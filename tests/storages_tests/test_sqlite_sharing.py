@@ -32,8 +32,8 @@ DASHBOARD = str(Path(sys.executable).with_name("optuna-dashboard"))
 _TOLD = re.compile(r"Trial (\d+) told (COMPLETE|PRUNED|FAIL)\.")
 # A budget the runs cannot finish: they stop at the timeout, so the readers have the same time
 # to read however fast the machine is.
-N_TRIALS = 120
-TIMEOUT_S = 12
+N_TRIALS = 400
+TIMEOUT_S = 20
 
 pytestmark = pytest.mark.slow
 
