@@ -25,6 +25,7 @@ heartbeats assume too.
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Callable
 import copy
 import datetime
@@ -33,6 +34,7 @@ import threading
 import time
 from typing import Any
 from typing import TYPE_CHECKING
+from typing import TypeVar
 import warnings
 
 from optuna_hpcnas import _keys
@@ -58,7 +60,47 @@ def _check_seconds(name: str, value: object, *, allow_none: bool = False) -> Non
         raise ValueError(f"`{name}` is {value}, but must be > 0.")
 
 
-class TrialLease:
+_Renewer = TypeVar("_Renewer", bound="_RenewalThread")
+
+
+class _RenewalThread(abc.ABC):
+    """A daemon thread that renews a running trial's liveness every ``_interval`` seconds:
+    the first renewal on entry (an error there propagates), the others from ``_run``."""
+
+    _kind: str
+    _number: int
+    _interval: float
+    _stop: threading.Event
+    _thread: threading.Thread | None
+
+    @abc.abstractmethod
+    def _renew_now(self) -> bool:
+        """One renewal; ``False`` once the trial is finished."""
+
+    @abc.abstractmethod
+    def _run(self) -> None:
+        """The thread's loop."""
+
+    def __enter__(self: _Renewer) -> _Renewer:
+        if self._thread is not None:
+            raise RuntimeError(f"The {self._kind} of trial {self._number} is already running.")
+        self._renew_now()
+        self._stop.clear()
+        self._thread = threading.Thread(
+            target=self._run, name=f"hpcnas-{self._kind}-{self._number}", daemon=True
+        )
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            # A renewal in flight finishes within one storage round trip.
+            self._thread.join(timeout=self._interval + 10.0)
+            self._thread = None
+
+
+class TrialLease(_RenewalThread):
     """Keep a running trial's lease fresh, so a dead worker's trial can be recovered.
 
     Entering records the lease at once (an error there propagates: a trial whose lease cannot
@@ -120,6 +162,11 @@ class TrialLease:
     def trial_number(self) -> int:
         return self._number
 
+    _kind = "lease"
+
+    def _renew_now(self) -> bool:
+        return self.renew()
+
     def renew(self) -> bool:
         """Write a fresh lease now; ``False`` once the trial is finished (nothing to renew)."""
         import optuna
@@ -130,24 +177,6 @@ class TrialLease:
         except optuna.exceptions.UpdateFinishedTrialError:
             return False
         return True
-
-    def __enter__(self) -> TrialLease:
-        if self._thread is not None:
-            raise RuntimeError(f"The lease of trial {self._number} is already held.")
-        self.renew()
-        self._stop.clear()
-        self._thread = threading.Thread(
-            target=self._run, name=f"hpcnas-lease-{self._number}", daemon=True
-        )
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            # A renewal in flight finishes within one storage round trip.
-            self._thread.join(timeout=self._interval + 10.0)
-            self._thread = None
 
     def _run(self) -> None:
         while not self._stop.wait(self._interval):
@@ -193,7 +222,7 @@ def _beat(window: OutageWindow, renew: Callable[[], bool], what: str) -> bool:
     return True
 
 
-class TrialHeartbeat:
+class TrialHeartbeat(_RenewalThread):
     """Optuna's heartbeat of a running trial on an RDB storage, sent through an
     :class:`OutageWindow`.
 
@@ -221,26 +250,14 @@ class TrialHeartbeat:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
+    _kind = "heartbeat"
+
+    def _renew_now(self) -> bool:
+        return self.beat()
+
     def beat(self) -> bool:
         self._storage.record_heartbeat(self._trial_id)  # type: ignore[attr-defined]
         return True
-
-    def __enter__(self) -> TrialHeartbeat:
-        if self._thread is not None:
-            raise RuntimeError(f"The heartbeat of trial {self._number} is already running.")
-        self.beat()
-        self._stop.clear()
-        self._thread = threading.Thread(
-            target=self._run, name=f"hpcnas-heartbeat-{self._number}", daemon=True
-        )
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=self._interval + 10.0)
-            self._thread = None
 
     def _run(self) -> None:
         what = f"heartbeat of trial {self._number}"

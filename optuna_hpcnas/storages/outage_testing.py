@@ -20,6 +20,7 @@ Example:
 
 from __future__ import annotations
 
+import abc
 from dataclasses import dataclass
 import datetime
 import glob
@@ -61,19 +62,22 @@ def _version_key(path: str) -> tuple[int, ...]:
     return tuple(int(p) for p in version.split(".") if p.isdigit())
 
 
-class _Server:
+class _Server(abc.ABC):
     """Start, stop and start again; ``close`` removes everything."""
 
     url: str
 
+    @abc.abstractmethod
     def start(self) -> None:
-        raise NotImplementedError
+        """Start the server (again) on its port."""
 
+    @abc.abstractmethod
     def stop(self) -> None:
-        raise NotImplementedError
+        """Stop it, keeping its data."""
 
+    @abc.abstractmethod
     def close(self) -> None:
-        raise NotImplementedError
+        """Stop it and remove its data."""
 
     def __enter__(self) -> _Server:
         self.start()
