@@ -15,7 +15,6 @@ from dataclasses import dataclass
 import logging
 import os
 from pathlib import Path
-import time
 from typing import Any
 from typing import TYPE_CHECKING
 from typing import TypeVar
@@ -278,22 +277,16 @@ def _running_trials(url: str, name: str) -> int:
 
 
 def _finish(config: RunConfig) -> dict[str, Any]:
-    """``_finish_once``, tried again while the storage is away for at most ``[storage]
-    outage_tolerance_s`` (the last trials can be told just before an outage)."""
-    from optuna_hpcnas.storages import is_connection_error
+    """``_finish_once`` through an outage window of ``[storage] outage_tolerance_s`` (the last
+    trials can be told just before an outage); past it, ``StorageLost``."""
+    from optuna_hpcnas.storages import OutageWindow
 
-    deadline = time.monotonic() + config.storage.outage_tolerance_s
-    while True:
-        try:
-            return _finish_once(config)
-        except Exception as e:
-            if not is_connection_error(e):
-                raise
-            if time.monotonic() >= deadline:
-                raise StorageLost(
-                    _resume_hint(f"every trial finished, but the storage went away ({e})")
-                ) from None
-            time.sleep(1.0)
+    url = config.study.resolved_storage()
+    window = OutageWindow(url, tolerance=config.storage.outage_tolerance_s)
+    try:
+        return window.call(_finish_once, config)
+    except StorageUnavailable as e:
+        raise StorageLost(_resume_hint(f"every trial finished, but {e}")) from None
 
 
 def _finish_once(config: RunConfig) -> dict[str, Any]:
