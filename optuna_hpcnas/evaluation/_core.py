@@ -56,6 +56,7 @@ from optuna_hpcnas.evaluation._train import evaluate
 from optuna_hpcnas.pruners import StagedPruner
 from optuna_hpcnas.pruners import StagePlan
 from optuna_hpcnas.search_space import Architecture
+from optuna_hpcnas.supernet import cosine_lr
 from optuna_hpcnas.supernet import SupernetTrainer
 from optuna_hpcnas.supernet import train_step
 
@@ -662,8 +663,7 @@ class TrialEvaluator:
             for b, (x, y) in enumerate(batches):
                 lr = stage.lr
                 if self.config.stage_schedule == "cosine":
-                    done = (epoch - first) * per_epoch + b
-                    lr = 0.5 * stage.lr * (1.0 + math.cos(math.pi * done / stage_steps))
+                    lr = cosine_lr(stage.lr, (epoch - first) * per_epoch + b, stage_steps)
                 session.set_lr(lr)
                 if not session.step(x, y).finite:
                     raise _CandidateFault(f"{_NON_FINITE} at epoch {epoch} (stage {stage.name!r})")

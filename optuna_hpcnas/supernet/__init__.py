@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from optuna_hpcnas.supernet._supernet import LayerRecipe
     from optuna_hpcnas.supernet._supernet import RecipeLayer
     from optuna_hpcnas.supernet._supernet import SuperNet
+    from optuna_hpcnas.supernet._training import cosine_lr
     from optuna_hpcnas.supernet._training import recalibrate_batch_norm
     from optuna_hpcnas.supernet._training import StepResult
     from optuna_hpcnas.supernet._training import SupernetTrainer
@@ -37,6 +38,7 @@ _LAZY = {
     "LayerRecipe": "optuna_hpcnas.supernet._supernet",
     "RecipeLayer": "optuna_hpcnas.supernet._supernet",
     "SuperNet": "optuna_hpcnas.supernet._supernet",
+    "cosine_lr": "optuna_hpcnas.supernet._training",
     "recalibrate_batch_norm": "optuna_hpcnas.supernet._training",
     "StepResult": "optuna_hpcnas.supernet._training",
     "SupernetTrainer": "optuna_hpcnas.supernet._training",
@@ -57,6 +59,7 @@ __all__ = [
     "SuperNet",
     "SupernetTrainer",
     "SupernetTrainingConfig",
+    "cosine_lr",
     "decision_disagreement",
     "layer_recipes",
     "recalibrate_batch_norm",

@@ -60,6 +60,17 @@ def autocast_context(
     return torch.autocast(device_type=device_type, dtype=dtype)
 
 
+def cosine_lr(lr: float, done: float, total: float) -> float:
+    """The learning rate after ``done`` of ``total`` steps (or epochs, fractions allowed) of
+    a half-cosine decay from ``lr`` to 0, without warm-up; ``lr`` at ``done = 0``, ``lr / 2``
+    halfway, 0 from ``done = total`` on. The one schedule of the supernet warm-up, the
+    fine-tuning stages and stand-alone training.
+    """
+    if not total > 0:
+        raise ValueError(f"`total` is {total!r}, but must be > 0.")
+    return 0.5 * lr * (1 + math.cos(math.pi * min(done / total, 1.0)))
+
+
 @dataclass(frozen=True)
 class StepResult:
     """Outcome of one ``train_step``: mean loss of the paths, and whether it was finite."""
@@ -329,8 +340,7 @@ class SupernetTrainer:
 
     # ------------------------------------------------------------------ loop
     def _lr_at(self, epoch: float) -> float:
-        total = max(self.config.epochs, 1)
-        return 0.5 * self.config.lr * (1 + math.cos(math.pi * min(epoch / total, 1.0)))
+        return cosine_lr(self.config.lr, epoch, max(self.config.epochs, 1))
 
     def train_epoch(self, dataset: Any, *, max_batches: int | None = None) -> float:
         """One epoch over ``dataset`` (cosine-decayed learning rate); the mean path loss.

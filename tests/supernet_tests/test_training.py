@@ -8,6 +8,7 @@ import torch
 from torch.utils.data import TensorDataset
 
 from optuna_hpcnas import HierarchicalSearchSpace
+from optuna_hpcnas.supernet import cosine_lr
 from optuna_hpcnas.supernet import recalibrate_batch_norm
 from optuna_hpcnas.supernet import SuperNet
 from optuna_hpcnas.supernet import SupernetTrainer
@@ -48,6 +49,18 @@ def test_k_paths_accumulate_the_mean_gradient() -> None:
     for name, p in net.named_parameters():
         if name in expected:
             torch.testing.assert_close(p.grad, expected[name], atol=1e-6, rtol=1e-5)
+
+
+def test_cosine_lr_starts_at_lr_halves_midway_and_ends_at_zero() -> None:
+    assert cosine_lr(0.1, 0, 10) == 0.1
+    assert cosine_lr(0.1, 5, 10) == pytest.approx(0.05, abs=1e-15)
+    assert cosine_lr(0.1, 2.5, 10) == pytest.approx(0.05 * (1 + 2**-0.5))  # fractional epochs
+    assert cosine_lr(0.1, 10, 10) == 0.0
+    assert cosine_lr(0.1, 13, 10) == 0.0  # stays at 0 past the end instead of rising again
+    lrs = [cosine_lr(2e-2, s, 7) for s in range(8)]
+    assert all(a > b for a, b in zip(lrs, lrs[1:]))
+    with pytest.raises(ValueError, match="`total` is 0"):
+        cosine_lr(0.1, 0, 0)
 
 
 def test_non_finite_loss_skips_the_update() -> None:
