@@ -50,7 +50,8 @@ INPUTS = ("standardised", "raw")
 
 
 class ExportError(ValueError):
-    """An export that cannot be made (no weights to fine-tune from, a bad weights file)."""
+    """An export that cannot be made (no weights to fine-tune from, a bad weights file, a
+    training that diverged)."""
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,7 @@ def trained_module(
     """The subnet of ``arch`` for ``data``, trained as ``mode`` says, and its metrics
     (``train_model``'s keys; for ``untrained`` only the accuracies)."""
     from optuna_hpcnas.evaluation import evaluate
+    from optuna_hpcnas.evaluation import NonFiniteLossError
     from optuna_hpcnas.evaluation import train_model
     from optuna_hpcnas.search_space import HierarchicalSearchSpace
     from optuna_hpcnas.supernet import SuperNet
@@ -104,7 +106,11 @@ def trained_module(
         valid, _ = evaluate(module, data.valid)
         test, _ = evaluate(module, data.test)
         return module, {"valid_accuracy": valid, "test_accuracy": test, "epochs": 0}
-    return module.eval(), train_model(module, data, recipe)
+    try:
+        metrics = train_model(module, data, recipe)
+    except NonFiniteLossError as e:  # the recipe's fault, not a bug: one line, no traceback
+        raise ExportError(f"training diverged: {e}") from None
+    return module.eval(), metrics
 
 
 def export_trial(

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from optuna_hpcnas.evaluation._measure import measure_latency
     from optuna_hpcnas.evaluation._objective import SupernetObjective
     from optuna_hpcnas.evaluation._train import evaluate
+    from optuna_hpcnas.evaluation._train import NonFiniteLossError
     from optuna_hpcnas.evaluation._train import train_from_scratch
     from optuna_hpcnas.evaluation._train import train_model
 
@@ -57,6 +58,7 @@ _LAZY = {
     "measure_latency": "optuna_hpcnas.evaluation._measure",
     "SupernetObjective": "optuna_hpcnas.evaluation._objective",
     "evaluate": "optuna_hpcnas.evaluation._train",
+    "NonFiniteLossError": "optuna_hpcnas.evaluation._train",
     "train_from_scratch": "optuna_hpcnas.evaluation._train",
     "train_model": "optuna_hpcnas.evaluation._train",
 }
@@ -70,6 +72,7 @@ __all__ = [
     "FineTuning",
     "LatencyPredictor",
     "LocalEngine",
+    "NonFiniteLossError",
     "ObjectiveConfig",
     "OptunaTrialLink",
     "Outcome",

@@ -53,6 +53,7 @@ from optuna_hpcnas.evaluation._measure import count_flops
 from optuna_hpcnas.evaluation._measure import count_parameters
 from optuna_hpcnas.evaluation._measure import measure_latency
 from optuna_hpcnas.evaluation._train import evaluate
+from optuna_hpcnas.evaluation._train import NON_FINITE
 from optuna_hpcnas.pruners import StagedPruner
 from optuna_hpcnas.pruners import StagePlan
 from optuna_hpcnas.search_space import Architecture
@@ -330,9 +331,6 @@ class _CandidateFault(Exception):
     """A fault of the candidate (non-finite loss), carried to the next collective."""
 
 
-_NON_FINITE = "non-finite loss"
-
-
 @dataclass(frozen=True)
 class _Prepared:
     """The leader's candidate before fine-tuning."""
@@ -555,7 +553,7 @@ class TrialEvaluator:
         link.record({_keys.OBJECTIVE_FAIL_REASON: reason})
         if link.is_leader:
             _logger.warning("Trial %d: %s", link.number, reason)
-        if reason.startswith(_NON_FINITE) and self.config.on_nan == "prune":
+        if reason.startswith(NON_FINITE) and self.config.on_nan == "prune":
             return Outcome("pruned", reason=reason)
         return Outcome("failed", reason=reason)
 
@@ -666,7 +664,7 @@ class TrialEvaluator:
                     lr = cosine_lr(stage.lr, (epoch - first) * per_epoch + b, stage_steps)
                 session.set_lr(lr)
                 if not session.step(x, y).finite:
-                    raise _CandidateFault(f"{_NON_FINITE} at epoch {epoch} (stage {stage.name!r})")
+                    raise _CandidateFault(f"{NON_FINITE} at epoch {epoch} (stage {stage.name!r})")
                 if on_step is not None:
                     on_step()
             session.synchronise()
@@ -674,5 +672,5 @@ class TrialEvaluator:
             return {}
         accuracy, loss = evaluate(model, self.data.valid)
         if not math.isfinite(loss):
-            raise _CandidateFault(f"{_NON_FINITE} at epoch {epoch} (stage {stage.name!r})")
+            raise _CandidateFault(f"{NON_FINITE} at epoch {epoch} (stage {stage.name!r})")
         return {"accuracy": accuracy, "loss": loss}

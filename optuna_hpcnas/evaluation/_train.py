@@ -19,6 +19,17 @@ from optuna_hpcnas.evaluation._measure import device_of
 from optuna_hpcnas.evaluation._measure import measure_latency
 from optuna_hpcnas.search_space import Architecture
 from optuna_hpcnas.search_space import HierarchicalSearchSpace
+from optuna_hpcnas.supernet import cosine_lr
+from optuna_hpcnas.supernet import train_step
+from optuna_hpcnas.supernet._training import torch_optimizer
+
+# The start of the message of every non-finite loss a candidate's training meets (the core's
+# ``on_nan`` recognises its own by it).
+NON_FINITE = "non-finite loss"
+
+
+class NonFiniteLossError(FloatingPointError):
+    """Stand-alone training (``train_model``) met a non-finite loss: nothing to measure."""
 
 
 def evaluate(model: nn.Module, dataset: Any, *, batch_size: int = 512) -> tuple[float, float]:
@@ -93,27 +104,13 @@ def train_from_scratch(
 def train_model(model: nn.Module, data: TaskData, config: ScratchTrainingConfig) -> dict[str, Any]:
     """Train ``model`` on ``data.train`` with ``config``'s recipe (Adam, cosine-decayed
     learning rate, no warm-up) from the weights it has, then measure it (the keys of
-    ``train_from_scratch``). ``hpcnas export`` trains the architecture it exports with this."""
-    generator = torch.Generator().manual_seed(config.seed)
-    device = device_of(model)
-    model.train()
-    optimizer = torch.optim.Adam(
-        model.parameters(), lr=config.lr, weight_decay=config.weight_decay
-    )
-    steps = config.epochs * math.ceil(len(data.train) / config.batch_size)  # type: ignore[arg-type]
-    scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, max(steps, 1))
+    ``train_from_scratch``). ``hpcnas export`` trains the architecture it exports with this.
+
+    Raises:
+        NonFiniteLossError: A batch's loss was not finite (the message names the epoch).
+    """
     start = time.perf_counter()
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(config.seed)
-        for _ in range(config.epochs):
-            for x, y in iterate_batches(
-                data.train, config.batch_size, shuffle=True, generator=generator
-            ):
-                optimizer.zero_grad(set_to_none=True)
-                loss = F.cross_entropy(model(x.to(device)), y.to(device))
-                loss.backward()
-                optimizer.step()
-                scheduler.step()
+    _fit(model, data, config)
     train_seconds = time.perf_counter() - start
     model.eval()
     valid_accuracy, valid_loss = evaluate(model, data.valid)
@@ -134,3 +131,31 @@ def train_model(model: nn.Module, data: TaskData, config: ScratchTrainingConfig)
         "train_seconds": train_seconds,
         "epochs": config.epochs,
     }
+
+
+def _fit(model: nn.Module, data: TaskData, config: ScratchTrainingConfig) -> None:
+    """``config.epochs`` epochs of the supernet's ``train_step`` (one plain path) on shuffled
+    batches, at the step's ``cosine_lr``; the model's device, torch's global RNG untouched."""
+    generator = torch.Generator().manual_seed(config.seed)
+    device = device_of(model)
+    model.train()
+    optimizer = torch_optimizer(
+        "adam", model.parameters(), lr=config.lr, momentum=0.0, weight_decay=config.weight_decay
+    )
+    per_epoch = math.ceil(len(data.train) / config.batch_size)  # type: ignore[arg-type]
+    total = max(config.epochs * per_epoch, 1)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(config.seed)  # dropout and the like draw from it
+        for epoch in range(1, config.epochs + 1):
+            batches = iterate_batches(
+                data.train, config.batch_size, shuffle=True, generator=generator
+            )
+            for b, (x, y) in enumerate(batches):
+                for group in optimizer.param_groups:
+                    group["lr"] = cosine_lr(config.lr, (epoch - 1) * per_epoch + b, total)
+                result = train_step(model, optimizer, x.to(device), y.to(device), [None])
+                if not result.finite:
+                    raise NonFiniteLossError(
+                        f"{NON_FINITE} at epoch {epoch} of {config.epochs} (batch {b + 1} of "
+                        f"{per_epoch}): lower `lr`"
+                    )

@@ -7,6 +7,8 @@ import sys
 import numpy as np
 import pytest
 import torch
+from torch import nn
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from optuna_hpcnas import Architecture
 from optuna_hpcnas import CellConfig
@@ -15,8 +17,10 @@ from optuna_hpcnas.data import load_digits_task
 from optuna_hpcnas.data import make_sequence_task
 from optuna_hpcnas.data import TaskData
 from optuna_hpcnas.evaluation import count_flops
+from optuna_hpcnas.evaluation import NonFiniteLossError
 from optuna_hpcnas.evaluation import ScratchTrainingConfig
 from optuna_hpcnas.evaluation import train_from_scratch
+from optuna_hpcnas.evaluation import train_model
 
 
 @pytest.fixture(scope="module")
@@ -76,6 +80,59 @@ def test_train_from_scratch_is_deterministic_and_measures(digits: TaskData) -> N
     small = Architecture("chain", (CellConfig("identity"),) * 3)
     d = train_from_scratch(space, small, digits, epochs=0, latency_repeats=0)
     assert d["flops"] < a["flops"] and d["params"] < a["params"]
+
+
+class _LinearTurningNaN(nn.Module):
+    """A linear classifier of digits whose logits are NaN from its ``after``-th forward on."""
+
+    def __init__(self, after: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(64, 10)
+        self.after, self.calls = after, 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        logits = self.linear(x.flatten(1))
+        return logits * float("nan") if self.calls >= self.after else logits
+
+
+def test_train_model_follows_the_per_step_cosine_and_learns_digits(digits: TaskData) -> None:
+    lrs: list[float] = []
+    handle = register_optimizer_step_pre_hook(
+        lambda opt, args, kwargs: lrs.append(opt.param_groups[0]["lr"])
+    )
+    try:
+        result = train_model(
+            _LinearTurningNaN(after=10**9), digits, ScratchTrainingConfig(epochs=2, seed=1)
+        )
+    finally:
+        handle.remove()
+    # The schedule of the loop before train_step: torch's CosineAnnealingLR stepped once per
+    # batch over all batches (first step at `lr`, the last one step short of 0).
+    steps = 2 * math.ceil(len(digits.train) / 32)  # type: ignore[arg-type]
+    optimizer = torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=2e-2)
+    scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, steps)
+    expected = []
+    for _ in range(steps):
+        expected.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    assert lrs == pytest.approx(expected, rel=1e-12, abs=1e-16)
+    assert lrs[0] == 2e-2 and 0 < lrs[-1] < 1e-4
+    assert result["valid_accuracy"] > 0.9 and result["test_accuracy"] > 0.9  # a linear model
+    assert result["epochs"] == 2 and result["latency_s"] > 0
+
+
+def test_train_model_stops_at_a_non_finite_loss_naming_the_epoch(digits: TaskData) -> None:
+    per_epoch = math.ceil(len(digits.train) / 32)  # type: ignore[arg-type]
+    model = _LinearTurningNaN(after=per_epoch + 4)
+    with pytest.raises(
+        NonFiniteLossError,
+        match=rf"^non-finite loss at epoch 2 of 3 \(batch 4 of {per_epoch}\): lower `lr`",
+    ):
+        train_model(model, digits, ScratchTrainingConfig(epochs=3, latency_repeats=0))
+    assert model.calls == per_epoch + 4  # stopped at once
+    assert torch.isfinite(model.linear.weight).all()  # and the NaN step changed nothing
 
 
 def test_flops_count_a_known_convolution() -> None:
