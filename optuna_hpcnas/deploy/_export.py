@@ -79,10 +79,16 @@ def trained_module(
     from optuna_hpcnas.evaluation import NonFiniteLossError
     from optuna_hpcnas.evaluation import train_model
     from optuna_hpcnas.search_space import HierarchicalSearchSpace
+    from optuna_hpcnas.supernet import Precision
     from optuna_hpcnas.supernet import SuperNet
 
     if mode not in MODES:
         raise ExportError(f"`mode` is {mode!r}, but must be one of {list(MODES)}.")
+    if mode != "untrained" and Precision(recipe.precision) == Precision.FP16:
+        raise ExportError(
+            "[export] precision is 'fp16', which needs a GPU, but the export trains on the "
+            "CPU: use 'bf16' or 'fp32'"
+        )
     space = HierarchicalSearchSpace.from_study(study)
     if space is None:
         raise ExportError(

@@ -12,6 +12,7 @@ import math
 from optuna_hpcnas._validation import check_choice
 from optuna_hpcnas._validation import check_int
 from optuna_hpcnas._validation import check_number
+from optuna_hpcnas.supernet import Precision
 
 OBJECTIVES = ("accuracy", "loss", "flops", "params", "latency")
 DIRECTIONS = {
@@ -25,6 +26,7 @@ DIRECTIONS = {
 LIMITS = {"max_flops": "flops", "max_params": "params", "max_latency_s": "latency"}
 LATENCY_SOURCES = ("measured", "predicted", "onnx-int8")
 OPTIMIZERS = ("adam", "sgd")
+PRECISIONS = tuple(p.value for p in Precision)
 
 
 @dataclass(frozen=True)
@@ -152,9 +154,16 @@ class ObjectiveConfig:
 
 @dataclass(frozen=True)
 class ScratchTrainingConfig:
-    """Options of ``train_from_scratch`` (a TOML table maps onto it as ``Cls(**table)``).
+    """Options of ``train_from_scratch`` and ``train_model`` (a TOML table maps onto it as
+    ``Cls(**table)``; ``[export]`` is this class).
 
-    Adam with a cosine-decayed learning rate, no warm-up.
+    Adam with a cosine-decayed learning rate, no warm-up, through the supernet's
+    ``train_step``.
+
+    Args:
+        grad_clip: Clip the gradient norm to this value (``0``: no clipping).
+        precision: Forward precision, ``"fp32"``, ``"bf16"`` (CPU or GPU) or ``"fp16"`` (GPU
+            only, with loss scaling); parameters and optimizer state stay fp32.
     """
 
     epochs: int = 5
@@ -163,6 +172,8 @@ class ScratchTrainingConfig:
     weight_decay: float = 1e-4
     seed: int = 0
     latency_repeats: int = 20
+    grad_clip: float = 0.0
+    precision: str = "fp32"
 
     def __post_init__(self) -> None:
         for name in ("epochs", "batch_size", "seed", "latency_repeats"):
@@ -179,3 +190,7 @@ class ScratchTrainingConfig:
             raise ValueError(f"`lr` is {self.lr!r}, but must be a finite number > 0.")
         if not (isinstance(self.weight_decay, (int, float)) and self.weight_decay >= 0):
             raise ValueError(f"`weight_decay` is {self.weight_decay!r}, but must be >= 0.")
+        check_number("grad_clip", self.grad_clip, positive=False)
+        if self.grad_clip < 0:
+            raise ValueError(f"`grad_clip` is {self.grad_clip!r}, but must be >= 0.")
+        check_choice("precision", self.precision, PRECISIONS)

@@ -20,6 +20,7 @@ from optuna_hpcnas.evaluation._measure import measure_latency
 from optuna_hpcnas.search_space import Architecture
 from optuna_hpcnas.search_space import HierarchicalSearchSpace
 from optuna_hpcnas.supernet import cosine_lr
+from optuna_hpcnas.supernet import Precision
 from optuna_hpcnas.supernet import train_step
 from optuna_hpcnas.supernet._training import torch_optimizer
 
@@ -134,10 +135,15 @@ def train_model(model: nn.Module, data: TaskData, config: ScratchTrainingConfig)
 
 
 def _fit(model: nn.Module, data: TaskData, config: ScratchTrainingConfig) -> None:
-    """``config.epochs`` epochs of the supernet's ``train_step`` (one plain path) on shuffled
-    batches, at the step's ``cosine_lr``; the model's device, torch's global RNG untouched."""
+    """``config.epochs`` epochs of the supernet's ``train_step`` (one plain path, ``config``'s
+    precision and clipping) on shuffled batches, at the step's ``cosine_lr``; on the model's
+    device, torch's global RNG untouched."""
     generator = torch.Generator().manual_seed(config.seed)
     device = device_of(model)
+    precision = Precision(config.precision)
+    if precision == Precision.FP16 and device.type != "cuda":
+        raise ValueError("`precision` is 'fp16', which needs a GPU; use 'bf16' on a CPU.")
+    scaler = torch.amp.GradScaler("cuda") if precision == Precision.FP16 else None
     model.train()
     optimizer = torch_optimizer(
         "adam", model.parameters(), lr=config.lr, momentum=0.0, weight_decay=config.weight_decay
@@ -153,9 +159,12 @@ def _fit(model: nn.Module, data: TaskData, config: ScratchTrainingConfig) -> Non
             for b, (x, y) in enumerate(batches):
                 for group in optimizer.param_groups:
                     group["lr"] = cosine_lr(config.lr, (epoch - 1) * per_epoch + b, total)
-                result = train_step(model, optimizer, x.to(device), y.to(device), [None])
+                result = train_step(
+                    model, optimizer, x.to(device), y.to(device), [None],
+                    precision=precision, scaler=scaler, grad_clip=config.grad_clip,
+                )  # fmt: skip
                 if not result.finite:
                     raise NonFiniteLossError(
                         f"{NON_FINITE} at epoch {epoch} of {config.epochs} (batch {b + 1} of "
-                        f"{per_epoch}): lower `lr`"
+                        f"{per_epoch}): lower `lr` or set `grad_clip`"
                     )

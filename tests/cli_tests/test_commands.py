@@ -162,22 +162,33 @@ def test_export_module_runs_without_our_code(
         assert [i.name for i in model.graph.input] == ["input"]
 
 
-def test_export_reports_a_diverged_training_in_one_line(
-    single_study: tuple[str, optuna.Study], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize(
+    "recipe, message",
+    [
+        ("lr = 1e30", "training diverged: non-finite loss at epoch 1 of 2 (batch 2 of 34)"),
+        ('precision = "fp16"', "[export] precision is 'fp16', which needs a GPU"),
+    ],
+)
+def test_export_reports_a_recipe_that_cannot_train_in_one_line(
+    single_study: tuple[str, optuna.Study],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    recipe: str,
+    message: str,
 ) -> None:
     pytest.importorskip("torch")
     sqlite_url, _ = single_study
     config = tmp_path / "nas.toml"
     config.write_text(
         f'[study]\nname = "digits"\nstorage = "{sqlite_url}"\nn_trials = 1\n'
-        "[export]\nepochs = 2\nlr = 1e30\nlatency_repeats = 0\n"
+        f"[export]\nepochs = 2\nlatency_repeats = 0\n{recipe}\n"
     )
     code, _, err = _run(
         capsys, "export", "--config", str(config), "--out", str(tmp_path / "x"), "--no-onnx"
     )
     assert code == 2 and "Traceback" not in err
     (line,) = [line for line in err.splitlines() if "error" in line]
-    assert line.startswith("hpcnas export: error: training diverged: non-finite loss at epoch 1")
+    assert line.startswith(f"hpcnas export: error: {message}")
     assert not (tmp_path / "x").exists()
 
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 import math
 import subprocess
 import sys
+from typing import Any
 
 import numpy as np
 import pytest
@@ -83,7 +84,8 @@ def test_train_from_scratch_is_deterministic_and_measures(digits: TaskData) -> N
 
 
 class _LinearTurningNaN(nn.Module):
-    """A linear classifier of digits whose logits are NaN from its ``after``-th forward on."""
+    """A linear classifier of digits whose logits are NaN from its ``after``-th forward on
+    (``dtype``: that of its last training forward)."""
 
     def __init__(self, after: int) -> None:
         super().__init__()
@@ -93,6 +95,8 @@ class _LinearTurningNaN(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.calls += 1
         logits = self.linear(x.flatten(1))
+        if self.training:  # not the measurements after training
+            self.dtype = logits.dtype
         return logits * float("nan") if self.calls >= self.after else logits
 
 
@@ -135,6 +139,34 @@ def test_train_model_stops_at_a_non_finite_loss_naming_the_epoch(digits: TaskDat
     assert torch.isfinite(model.linear.weight).all()  # and the NaN step changed nothing
 
 
+def test_train_model_clips_gradients_and_autocasts_as_configured(digits: TaskData) -> None:
+    norms: list[float] = []
+
+    def record(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        grads = [p.grad for g in opt.param_groups for p in g["params"] if p.grad is not None]
+        norms.append(float(torch.linalg.vector_norm(torch.stack([g.norm() for g in grads]))))
+
+    handle = register_optimizer_step_pre_hook(record)
+    try:
+        for grad_clip in (0.0, 0.5):
+            model = _LinearTurningNaN(after=10**9)
+            config = ScratchTrainingConfig(epochs=1, grad_clip=grad_clip, latency_repeats=0)
+            train_model(model, digits, config)
+            assert model.dtype == torch.float32
+    finally:
+        handle.remove()
+    unclipped, clipped = norms[: len(norms) // 2], norms[len(norms) // 2 :]
+    assert max(unclipped) > 1.0 and max(clipped) <= 0.5 + 1e-5
+    model = _LinearTurningNaN(after=10**9)
+    result = train_model(
+        model, digits, ScratchTrainingConfig(epochs=2, precision="bf16", latency_repeats=0)
+    )
+    assert model.dtype == torch.bfloat16 and model.linear.weight.dtype == torch.float32
+    assert result["valid_accuracy"] > 0.85
+    with pytest.raises(ValueError, match="'fp16', which needs a GPU"):
+        train_model(model, digits, ScratchTrainingConfig(precision="fp16"))
+
+
 def test_flops_count_a_known_convolution() -> None:
     conv = torch.nn.Conv2d(2, 4, 3, padding=1, bias=False)
     assert count_flops(conv, (2, 5, 5)) == 2 * 4 * 2 * 9 * 25
@@ -150,10 +182,20 @@ def test_data_that_does_not_fit_the_space_fails_before_training(digits: TaskData
 
 def test_scratch_config_validates() -> None:
     assert ScratchTrainingConfig(**{"epochs": 2, "lr": 0.1}).epochs == 2
+    default = ScratchTrainingConfig()
+    assert default.grad_clip == 0 and default.precision == "fp32"  # off, as before they existed
     with pytest.raises(ValueError, match="lr"):
         ScratchTrainingConfig(lr=-1.0)
     with pytest.raises(TypeError, match="epochs"):
         ScratchTrainingConfig(epochs=1.5)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="`grad_clip` is -1.0, but must be >= 0"):
+        ScratchTrainingConfig(grad_clip=-1.0)
+    with pytest.raises(ValueError, match="`grad_clip` is nan"):
+        ScratchTrainingConfig(grad_clip=float("nan"))
+    with pytest.raises(TypeError, match="`grad_clip` must be a number"):
+        ScratchTrainingConfig(grad_clip="1")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"`precision` is 'fp8', but must be one of \['fp32'"):
+        ScratchTrainingConfig(precision="fp8")
 
 
 def test_lazy_top_level_names_do_not_import_torch_eagerly() -> None:
