@@ -3,7 +3,10 @@
 Each ask (after ``n_startup_trials`` random trials) fits a second-order surrogate on the
 one-hot codes of the finished trials, draws one quadratic acquisition (Thompson sample),
 turns it into a BQM with the space's constraints (``qubo.QUBOProblem``), samples it with a
-``dimod.Sampler`` and returns the best decoded code that no finished or running trial has.
+``dimod.Sampler`` and returns the decoded code that no finished or running trial has with the
+highest expected improvement under the surrogate's posterior, pooled with the incumbent's
+nearest unseen neighbours (a surrogate without a posterior: the best by the draw, and every
+other ask ranks the neighbours alone).
 
 The search space is the ``HierarchicalSearchSpace`` recorded in the study when there is one
 (its ``encoding``; conditional micro parameters are tied to their operator by quadratic
