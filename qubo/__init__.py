@@ -16,6 +16,7 @@ from qubo._bqm import conditional_pairs
 from qubo._bqm import LinearBudget
 from qubo._bqm import QUBOProblem
 from qubo._encoding import OneHotEncoding
+from qubo._surrogate import BayesianPosterior
 from qubo._surrogate import BayesianQuadratic
 from qubo._surrogate import FactorizationMachine
 from qubo._surrogate import QuadraticModel
@@ -24,6 +25,7 @@ from qubo._surrogate import Surrogate
 _DIMOD_NAMES = ("Solution", "default_sampler", "solve")
 
 __all__ = [
+    "BayesianPosterior",
     "BayesianQuadratic",
     "FactorizationMachine",
     "LinearBudget",

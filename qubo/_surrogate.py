@@ -73,6 +73,26 @@ def _check_data(bits: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.nd
     return x, y
 
 
+def _log_h(z: np.ndarray) -> np.ndarray:
+    """``log(z Phi(z) + phi(z))``, the log expected improvement of a unit normal over ``-z``."""
+    z = np.asarray(z, dtype=float)
+    out = np.empty_like(z)
+    near = z > -6.0
+    zn = z[near]
+    cdf = 0.5 * np.array([math.erfc(-v / math.sqrt(2.0)) for v in zn])
+    pdf = np.exp(-0.5 * zn**2) / math.sqrt(2.0 * math.pi)
+    out[near] = np.log(np.maximum(zn * cdf + pdf, 1e-300))
+    # Far in the tail: h(z) = phi(z) / z^2 * (1 - 3 / z^2 + 15 / z^4 - ...).
+    zf = z[~near]
+    inv = 1.0 / zf**2
+    out[~near] = (
+        -0.5 * zf**2
+        - 0.5 * math.log(2.0 * math.pi)
+        + np.log(inv * (1.0 - 3.0 * inv + 15.0 * inv**2))
+    )
+    return out
+
+
 def _standardise(y: np.ndarray) -> np.ndarray:
     std = float(y.std())
     return (y - y.mean()) / (std if std > 0 else 1.0)
@@ -162,6 +182,10 @@ class BayesianQuadratic(Surrogate):
         assert best is not None
         return best[1], best[2], best[3], best[4], best[5]
 
+    @property
+    def exploration(self) -> float:
+        return self._exploration
+
     def fit(self, bits: np.ndarray, values: np.ndarray) -> BayesianPosterior:
         """The posterior given ``(bits, values)``: its mean, predictive spread and draws."""
         x, y = _check_data(bits, values)
@@ -220,6 +244,23 @@ class BayesianPosterior:
         target = self.y - prior_at_data - e * rng.normal(0.0, math.sqrt(self.noise), n_obs)
         linear, quadratic = self._weights(self._solve(target))
         return QuadraticModel(lin0 + linear, quad0 + quadratic)
+
+    def log_expected_improvement(self, bits: np.ndarray) -> np.ndarray:
+        """Log of the expected improvement (noise-free) over the best standardised value
+        seen, at the rows of ``bits``; ``-inf`` where the posterior is certain and no better.
+
+        Computed in log space (an asymptotic series far in the tail), so codes whose
+        improvement is astronomically unlikely still rank by how unlikely it is.
+        """
+        mean, sd = self.predict(bits)
+        best = float(self.y.min())
+        out = np.full(mean.shape, -np.inf)
+        spread = sd > 1e-12
+        certain = ~spread & (mean < best)
+        out[certain] = np.log(best - mean[certain])
+        z = (best - mean[spread]) / sd[spread]
+        out[spread] = np.log(sd[spread]) + _log_h(z)
+        return out
 
     def predict(self, bits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Posterior mean and standard deviation (noise-free) at the rows of ``bits``."""

@@ -3,7 +3,10 @@
 Each ask (after ``n_startup_trials`` random trials) fits a second-order surrogate on the
 one-hot codes of the finished trials, draws one quadratic acquisition (Thompson sample),
 turns it into a BQM with the space's constraints (``qubo.QUBOProblem``), samples it with a
-``dimod.Sampler`` and returns the best decoded code that no finished or running trial has.
+``dimod.Sampler`` and returns the decoded code that no finished or running trial has with the
+highest expected improvement under the surrogate's posterior, pooled with the incumbent's
+nearest unseen neighbours (a surrogate without a posterior: the best by the draw, and every
+other ask ranks the neighbours alone).
 
 The search space is the ``HierarchicalSearchSpace`` recorded in the study when there is one
 (its ``encoding``; conditional micro parameters are tied to their operator by quadratic
@@ -61,6 +64,7 @@ from qubo import Surrogate
 if TYPE_CHECKING:
     import dimod
 
+    from qubo import BayesianPosterior
     from qubo import Solution
 
 _logger = logging.getLogger(__name__)
@@ -188,6 +192,39 @@ def _local_solution(
     energies = model.energy(near)
     rank = np.argsort(energies, kind="stable")
     return Solution(near[rank], energies[rank], {"n_local": len(near)}), radius
+
+
+def _pooled(
+    problem: QUBOProblem,
+    posterior: BayesianPosterior,
+    model: QuadraticModel,
+    annealed: Solution,
+    centre: np.ndarray,
+    seen: Sequence[np.ndarray],
+    rng: np.random.Generator,
+) -> tuple[Solution, int]:
+    """The draw's annealed codes and the unseen codes of the nearest ring around ``centre``,
+    highest expected improvement under the posterior first (energies: the draw's), and the
+    ring's radius if a ring code leads, else 0.
+
+    The draw proposes where the posterior may be low far from the data; the ring, the
+    incumbent's neighbours, which a draw's minimum rarely is. The expected improvement then
+    weighs both on one scale, so how often an ask refines the incumbent follows the data.
+    """
+    from qubo import Solution
+
+    near, radius = _local_codes(problem, centre, seen, rng)
+    pool = np.concatenate([annealed.codes, near]) if len(near) else annealed.codes
+    if not len(pool):
+        return annealed, 0
+    _, first = np.unique(pool, axis=0, return_index=True)
+    pool = pool[np.sort(first)]
+    score = posterior.log_expected_improvement(pool)
+    rank = np.argsort(-score, kind="stable")
+    info = dict(annealed.info, n_local=len(near), n_pool=len(pool))
+    info["log_ei"] = float(score[rank[0]])
+    leads_local = any(np.array_equal(pool[rank[0]], c) for c in near)
+    return Solution(pool[rank], model.energy(pool[rank]), info), radius if leads_local else 0
 
 
 def _from_slot(dist: BaseDistribution, slot: Any) -> Any:
@@ -627,7 +664,7 @@ class QUBOSampler(BaseSampler):
 
         assert layout.problem is not None
         start = time.perf_counter()
-        model = self._surrogate.draw(codes, values, rng)
+        posterior, model = self._draw(codes, values, rng)
         problem, feasibility = layout.problem, None
         if constraint is not None:
             rows, target, threshold = constraint
@@ -636,7 +673,7 @@ class QUBOSampler(BaseSampler):
         fit_time = time.perf_counter() - start
         seen = list(codes) + busy
         solution, radius = None, 0
-        if self._is_local(trial, layout, len(codes)):
+        if posterior is None and self._is_local(trial, layout, len(codes)):
             solution, radius = _local_solution(layout, model, codes[incumbent], seen, rng)
         if solution is None:
             solution = solve(
@@ -648,6 +685,10 @@ class QUBOSampler(BaseSampler):
                 num_reads=self._num_reads,
                 seed=int(rng.integers(2**31)),
                 sampler_kwargs=self._solver_kwargs,
+            )
+        if posterior is not None:
+            solution, radius = _pooled(
+                layout.problem, posterior, model, solution, codes[incumbent], seen, rng
             )
         info: dict[str, Any] = dict(solution.info)
         info.update(
@@ -684,8 +725,19 @@ class QUBOSampler(BaseSampler):
         study._storage.set_trial_system_attr(trial._trial_id, _keys.QUBO_INFO, info)
         return params
 
+    def _draw(
+        self, codes: np.ndarray, values: np.ndarray, rng: np.random.Generator
+    ) -> tuple[BayesianPosterior | None, QuadraticModel]:
+        """The surrogate's draw, and its posterior when it has one (``BayesianQuadratic``)."""
+        if isinstance(self._surrogate, BayesianQuadratic):
+            posterior = self._surrogate.fit(codes, values)
+            return posterior, posterior.draw(rng, self._surrogate.exploration)
+        return None, self._surrogate.draw(codes, values, rng)
+
     def _is_local(self, trial: FrozenTrial, layout: _Layout, n_complete: int) -> bool:
-        """Whether this ask refines the incumbent instead of annealing (issue 22).
+        """Whether this ask refines the incumbent instead of annealing (issue 22), for a
+        surrogate without a posterior (with one, every ask anneals and ``_pooled`` weighs
+        the annealed codes against the incumbent's ring).
 
         A draw's global minimum lies where the posterior is widest, mostly several groups
         away from every evaluated code, so annealing alone rarely tries the incumbent's

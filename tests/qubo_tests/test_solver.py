@@ -14,6 +14,7 @@ from qubo import OneHotEncoding
 from qubo import QuadraticModel
 from qubo import QUBOProblem
 from qubo import solve
+from qubo._surrogate import _log_h
 
 
 def _codes(enc: OneHotEncoding) -> np.ndarray:
@@ -167,6 +168,61 @@ def test_thompson_draws_differ_but_mean_is_deterministic() -> None:
     # A tempered draw lies between: half the deviation of the full sample with the same rng.
     half = BayesianQuadratic(exploration=0.5).draw(x, y, np.random.default_rng(1))
     np.testing.assert_allclose(half.linear - m1.linear, 0.5 * (a.linear - m1.linear), atol=1e-9)
+
+
+def test_posterior_mean_recovers_an_exact_quadratic() -> None:
+    # 4 groups of 2: a quadratic over one-hot codes has 11 free coefficients (a constant, one
+    # per group, one per pair of groups). Given 13 of the 16 codes without noise, the mean
+    # must predict the other 3, and be sure of it.
+    rng = np.random.default_rng(3)
+    enc = OneHotEncoding(["a", "b", "c", "d"], [range(2)] * 4)
+    codes = _codes(enc)
+    truth = _random_model(enc.n_bits, rng)
+    y = truth.energy(codes)
+    order = rng.permutation(len(codes))
+    train, held = order[:13], order[13:]
+    posterior = BayesianQuadratic().fit(codes[train], y[train])
+    scale, shift = y[train].std(), y[train].mean()
+    mean, sd = posterior.predict(codes[held])
+    np.testing.assert_allclose(mean * scale + shift, y[held], atol=0.05 * scale)
+    assert sd.max() < 0.1
+    np.testing.assert_allclose(posterior.mean().energy(codes[held]), mean, atol=1e-9)
+
+
+def test_thompson_draws_are_reproducible_with_a_seed() -> None:
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 2, (12, 6))
+    posterior = BayesianQuadratic().fit(x, rng.normal(size=12))
+    a, b = (posterior.draw(np.random.default_rng(7)) for _ in range(2))
+    c = posterior.draw(np.random.default_rng(8))
+    np.testing.assert_array_equal(a.linear, b.linear)
+    np.testing.assert_array_equal(a.quadratic, b.quadratic)
+    assert not np.allclose(a.quadratic, c.quadratic)
+
+
+def test_log_expected_improvement_matches_the_closed_form() -> None:
+    from scipy.stats import norm
+
+    rng = np.random.default_rng(1)
+    enc = OneHotEncoding(["a", "b", "c"], [range(4), range(4), range(4)])
+    codes = _codes(enc)
+    train = codes[rng.choice(len(codes), 12, replace=False)]
+    posterior = BayesianQuadratic().fit(train, _random_model(enc.n_bits, rng).energy(train))
+    mean, sd = posterior.predict(codes)
+    best = posterior.y.min()
+    z = (best - mean) / np.maximum(sd, 1e-300)
+    expected = (best - mean) * norm.cdf(z) + sd * norm.pdf(z)
+    got = posterior.log_expected_improvement(codes)
+    unseen = sd > 1e-6
+    assert unseen.sum() > 40
+    np.testing.assert_allclose(np.exp(got[unseen]), expected[unseen], rtol=1e-6, atol=1e-12)
+    # Far in the tail, where the closed form underflows, the log still orders the codes.
+    tail = np.array([-40.0, -20.0, -10.0, -6.5, -6.0, -5.5])
+    log_h = _log_h(tail)
+    assert np.all(np.isfinite(log_h)) and np.all(np.diff(log_h) > 0)
+    direct = np.log(-5.5 * norm.cdf(-5.5) + norm.pdf(-5.5))
+    assert log_h[-1] == pytest.approx(direct, abs=1e-6)
+    assert _log_h(np.array([-6.0 - 1e-9]))[0] == pytest.approx(log_h[-2], abs=5e-3)
 
 
 def test_bad_inputs() -> None:

@@ -257,22 +257,43 @@ def test_running_trial_is_skipped_before_it_suggests() -> None:
     assert first.suggest_int("b", 0, 1) == 1
 
 
-def test_every_other_ask_refines_the_incumbent_after_a_global_ask_per_group() -> None:
+def _changed_from_incumbent(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> int:
+    earlier = [t for t in study.trials[: trial.number] if t.value is not None]
+    best = min(earlier, key=lambda t: t.value)
+    assert all(t.params != trial.params for t in earlier)
+    return sum(trial.params[n] != best.params[n] for n in _CHOICES)
+
+
+def test_asks_rank_annealed_codes_and_the_incumbents_ring_by_expected_improvement() -> None:
     lin, quad = _black_box(1)
     study = optuna.create_study(sampler=QUBOSampler(seed=0, n_startup_trials=5, num_reads=8))
     study.optimize(_objective(lin, quad), n_trials=24)
-    names = list(_CHOICES)
+    steps = []
+    for trial in study.trials[5:]:
+        info = trial.system_attrs[_keys.QUBO_INFO]
+        assert "solve_time_s" in info  # every ask anneals the draw
+        assert info["n_pool"] >= info["n_local"] >= 1
+        assert np.isfinite(info["log_ei"])
+        steps.append(info["step"])
+        if info["step"] == "local":
+            assert _changed_from_incumbent(study, trial) == info["radius"] >= 1
+    assert {"local", "global"} <= set(steps)
+
+
+def test_without_a_posterior_every_other_ask_refines_the_incumbent() -> None:
+    # After start-up and one global ask per group (3).
+    lin, quad = _black_box(1)
+    sampler = QUBOSampler(seed=0, n_startup_trials=5, num_reads=8, surrogate="fm")
+    study = optuna.create_study(sampler=sampler)
+    study.optimize(_objective(lin, quad), n_trials=24)
     for trial in study.trials[5:]:
         info = trial.system_attrs[_keys.QUBO_INFO]
         local = trial.number % 2 == 1 and trial.number >= 5 + 3  # start-up and 3 groups
         assert info["step"] == ("local" if local else "global")
         if info["step"] != "local":
             continue
-        earlier = [t for t in study.trials[: trial.number] if t.value is not None]
-        best = min(earlier, key=lambda t: t.value)
-        changed = sum(trial.params[n] != best.params[n] for n in names)
-        assert changed == info["radius"] >= 1  # the nearest unseen ring around the incumbent
-        assert all(t.params != trial.params for t in earlier)
+        # The nearest unseen ring around the incumbent.
+        assert _changed_from_incumbent(study, trial) == info["radius"] >= 1
 
 
 def test_asks_run_with_the_given_blas_threads() -> None:
@@ -283,9 +304,9 @@ def test_asks_run_with_the_given_blas_threads() -> None:
     seen: list[int] = []
 
     class Recording(BayesianQuadratic):
-        def draw(self, bits, values, rng):  # type: ignore[no-untyped-def]
+        def fit(self, bits, values):  # type: ignore[no-untyped-def]
             seen.extend(i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas")
-            return super().draw(bits, values, rng)
+            return super().fit(bits, values)
 
     lin, quad = _black_box(0)
     for threads in (1, 2):
