@@ -269,6 +269,20 @@ def _run_data(args: argparse.Namespace, study: optuna.Study) -> Any:
     return _load_data(data)
 
 
+def _configure_threads(args: argparse.Namespace) -> None:
+    """torch's threads for a command that trains or exports in this process: ``--config``'s
+    ``[training] threads`` when given, else this process's share of the node."""
+    from optuna_hpcnas._openmp import passive_openmp
+
+    passive_openmp()  # before the config, whose [training] table loads torch
+    config = _given_config(args)
+    from optuna_hpcnas.run import configure_threads
+
+    configure_threads(
+        requested=config.training.threads if config is not None else None, ranks_on_node=1
+    )
+
+
 def _export_recipe(args: argparse.Namespace) -> Any:
     from dataclasses import replace
 
@@ -284,9 +298,8 @@ def _export_recipe(args: argparse.Namespace) -> Any:
 def _cmd_export(args: argparse.Namespace) -> int:
     from optuna_hpcnas.deploy._export import export_trial
     from optuna_hpcnas.deploy._export import ExportError
-    from optuna_hpcnas.run import configure_threads
 
-    configure_threads(requested=None, ranks_on_node=1)
+    _configure_threads(args)
     study = load_study(args)
     trial = _pick_trial(study, args.trial)
     arch = trial_architecture(study, trial)
@@ -335,9 +348,8 @@ def _cmd_deploy(args: argparse.Namespace) -> int:
     from optuna_hpcnas.deploy._from_study import choose_trial
     from optuna_hpcnas.deploy._from_study import deploy_trial
     from optuna_hpcnas.deploy._from_study import parse_limits
-    from optuna_hpcnas.run import configure_threads
 
-    configure_threads(requested=None, ranks_on_node=1)  # imports torch
+    _configure_threads(args)  # imports torch
     if args.verbose < 2:
         _quiet_exporter_logs()
     study = load_study(args)

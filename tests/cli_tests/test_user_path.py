@@ -44,6 +44,8 @@ def test_run_status_best_export_as_typed(tmp_path: Path) -> None:
     export = _hpcnas("export", "--config", str(config), "--out", "best", cwd=tmp_path)
     assert export.returncode == 0, export.stderr[-2000:]
     assert "test accuracy" in export.stdout
+    # export trains with the config's [training] threads too, not the node's share
+    assert "torch uses 1 intra-op thread(s) per process ([training] threads)" in export.stderr
     meta = json.loads((tmp_path / "best" / "architecture.json").read_text())
     assert meta["export"]["mode"] == "retrain" and meta["export"]["epochs"] == 2
     assert 0.0 <= meta["export"]["test_accuracy"] <= 1.0
