@@ -11,7 +11,7 @@ Prints the test accuracies, the candidates each search evaluated and the cost ra
 per evaluated candidate). Every part uses the threads the machine gives one process (torch's
 share of the cores, as ``hpcnas run`` sets it).
 
-    python bench/mnist1d_end_to_end.py [--generator-seed 42] [--config nas.toml]
+    python bench/mnist1d_end_to_end.py [--generator-seed 42] [--config nas.toml] [--ranks 2]
 """
 
 from __future__ import annotations
@@ -37,19 +37,21 @@ class Result:
     note: str = ""
 
 
-def _hpcnas(*args: str, cwd: Path) -> tuple[float, str]:
+def _hpcnas(*args: str, cwd: Path, ranks: int = 1) -> tuple[float, str]:
+    command = [str(VENV_BIN / "hpcnas"), *args]
+    if ranks > 1:  # as integrations/mpirun launches it: one evaluation group per rank
+        command = [str(VENV_BIN / "mpirun"), "-n", str(ranks), sys.executable, "-m", "mpi4py"]
+        command += ["-m", "optuna_hpcnas", *args]
     started = time.perf_counter()
-    out = subprocess.run(
-        [str(VENV_BIN / "hpcnas"), *args], cwd=cwd, capture_output=True, text=True, check=False
-    )
+    out = subprocess.run(command, cwd=cwd, capture_output=True, text=True, check=False)
     seconds = time.perf_counter() - started
     if out.returncode != 0:
         raise SystemExit(f"hpcnas {args[0]} failed ({out.returncode}):\n{out.stderr[-3000:]}")
     return seconds, out.stdout + out.stderr
 
 
-def ours(work: Path, config: Path | None, generator_seed: int | None) -> Result:
-    """(a): the CLI path, timed as a whole."""
+def ours(work: Path, config: Path | None, generator_seed: int | None, ranks: int) -> Result:
+    """(a): the CLI path, timed as a whole (``hpcnas run`` under ``mpirun -n ranks``)."""
     import optuna
 
     if config is None:
@@ -61,7 +63,9 @@ def ours(work: Path, config: Path | None, generator_seed: int | None) -> Result:
         )
         config = work / "nas-draw.toml"
         config.write_text(text)
-    run_seconds, _ = _hpcnas("run", "--config", str(config), "--no-progress", cwd=work)
+    run_seconds, _ = _hpcnas(
+        "run", "--config", str(config), "--no-progress", cwd=work, ranks=ranks
+    )
     export_seconds, text = _hpcnas("export", "--config", str(config), "--out", "best", cwd=work)
     found = re.search(r"test accuracy ([0-9.]+)", text)
     assert found is not None, text
@@ -174,6 +178,10 @@ def main() -> None:
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--skip-peers", action="store_true", help="only (a)")
+    parser.add_argument("--workdir", type=Path, help="keep (a)'s study and export here")
+    parser.add_argument(
+        "--ranks", type=int, default=1, help="(a) under `mpirun -n RANKS` (one group per rank)"
+    )
     args = parser.parse_args()
 
     from optuna_hpcnas.run import configure_threads
@@ -181,7 +189,9 @@ def main() -> None:
     configure_threads(requested=None, ranks_on_node=1)
     with tempfile.TemporaryDirectory() as tmp:
         config = args.config.resolve() if args.config else None
-        a = ours(Path(tmp), config, args.generator_seed)
+        work = args.workdir or Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        a = ours(work.resolve(), config, args.generator_seed, args.ranks)
     print(
         f"(a) hpcnas run + export: {a.seconds:.0f} s ({a.note}), {a.candidates} trials, "
         f"test accuracy {a.test_accuracy:.4f}"
