@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from optuna_hpcnas.data._files import DataError
+from optuna_hpcnas.data._arrays import DataError
 from optuna_hpcnas.data._files import load_task
 from optuna_hpcnas.data._mnist1d import load_mnist1d_task
 from optuna_hpcnas.data._tasks import iterate_batches

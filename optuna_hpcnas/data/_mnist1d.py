@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from optuna_hpcnas.data._files import _task_from_arrays
-from optuna_hpcnas.data._files import DataError
+from optuna_hpcnas.data._arrays import DataError
+from optuna_hpcnas.data._arrays import task_from_arrays
 from optuna_hpcnas.data._tasks import TaskData
 
 # The package's own default: the draw the paper and its leaderboard use.
@@ -66,7 +66,7 @@ def load_mnist1d_task(
     """
     arrays = mnist1d_arrays(generator_seed)
     splits = {"train": (arrays["x"], arrays["y"]), "test": (arrays["x_test"], arrays["y_test"])}
-    return _task_from_arrays(
+    return task_from_arrays(
         splits,
         name="mnist1d",
         source=f"mnist1d (generator seed {generator_seed})",
