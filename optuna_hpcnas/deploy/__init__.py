@@ -17,11 +17,11 @@ from optuna_hpcnas.deploy._pipeline import DeployReport
 from optuna_hpcnas.deploy._pipeline import load_report
 from optuna_hpcnas.deploy._pipeline import ModelFigures
 from optuna_hpcnas.deploy._preprocess import standardisation
+from optuna_hpcnas.deploy._protocol import ServeLimits
 from optuna_hpcnas.deploy._serve import add_serve_arguments
 from optuna_hpcnas.deploy._serve import build_app
 from optuna_hpcnas.deploy._serve import serve
 from optuna_hpcnas.deploy._serve import serve_command
-from optuna_hpcnas.deploy._serve import ServeLimits
 from optuna_hpcnas.deploy._targets import check_target
 from optuna_hpcnas.deploy._targets import tensorrt_available
 from optuna_hpcnas.evaluation._onnx import onnx_latency

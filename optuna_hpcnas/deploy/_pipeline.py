@@ -267,8 +267,8 @@ def _serving_figures(
     up is the interpreter lock while a worker parses a request body of the maximal size, and
     one model call of ``max_batch`` instances. Both are measured here.
     """
+    from optuna_hpcnas.deploy._protocol import DEFAULT_LIMITS
     from optuna_hpcnas.deploy._protocol import parse_seconds
-    from optuna_hpcnas.deploy._serve import DEFAULT_LIMITS
 
     limits = DEFAULT_LIMITS
     parse_s = parse_seconds(shape, limits.max_body_bytes)

@@ -1,4 +1,5 @@
-"""Request bodies and responses of the two serving protocols, as pure functions.
+"""Request bodies and responses of the two serving protocols, as pure functions, and the
+limits one request may carry (``ServeLimits``).
 
 * KServe v1: ``{"instances": [...]}`` or ``{"inputs": [...]}`` (also ``{"inputs": {"input":
   [...]}}``) -> ``{"predictions": [{"class", "probabilities"}, ...]}``; errors 400 (not
@@ -13,6 +14,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 import json
 import math
 import time
@@ -22,6 +24,30 @@ import numpy as np
 
 from optuna_hpcnas.evaluation._onnx import INPUT_NAME
 from optuna_hpcnas.evaluation._onnx import OUTPUT_NAME
+
+
+@dataclass(frozen=True)
+class ServeLimits:
+    """What one request may carry, and how many instances one model call takes.
+
+    ``max_body_bytes``: larger bodies get 413, from ``Content-Length`` before reading or while
+    streaming; ``max_instances``: larger batches get 413; ``max_batch``: requests that arrive
+    together are merged up to this many instances per model call, and a larger request runs
+    in chunks of it (what bounds the memory of a large batch).
+    """
+
+    max_body_bytes: int = 8 * 2**20
+    max_instances: int = 1024
+    max_batch: int = 64
+
+    def __post_init__(self) -> None:
+        for field in ("max_body_bytes", "max_instances", "max_batch"):
+            value = getattr(self, field)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"`{field}` is {value!r}, but must be an integer >= 1.")
+
+
+DEFAULT_LIMITS = ServeLimits()
 
 DATATYPE = "FP32"
 

@@ -28,7 +28,6 @@ import asyncio
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 import logging
 from pathlib import Path
 import time
@@ -39,8 +38,10 @@ import numpy as np
 
 from optuna_hpcnas.deploy._protocol import BadRequest
 from optuna_hpcnas.deploy._protocol import DATATYPE
+from optuna_hpcnas.deploy._protocol import DEFAULT_LIMITS
 from optuna_hpcnas.deploy._protocol import parse_v1
 from optuna_hpcnas.deploy._protocol import parse_v2
+from optuna_hpcnas.deploy._protocol import ServeLimits
 from optuna_hpcnas.deploy._protocol import v1_response
 from optuna_hpcnas.deploy._protocol import v2_response
 
@@ -56,30 +57,6 @@ _MODELS = {"int8": "model.int8.onnx", "fp32": "model.onnx"}
 VERSION = "1"  # the one version of the one model a server holds
 # Bodies up to this size are parsed on the event loop: a thread hop costs more than parsing.
 _INLINE_PARSE_BYTES = 64 * 1024
-
-
-@dataclass(frozen=True)
-class ServeLimits:
-    """What one request may carry, and how many instances one model call takes.
-
-    ``max_body_bytes``: larger bodies get 413, from ``Content-Length`` before reading or while
-    streaming; ``max_instances``: larger batches get 413; ``max_batch``: requests that arrive
-    together are merged up to this many instances per model call, and a larger request runs
-    in chunks of it (what bounds the memory of a large batch).
-    """
-
-    max_body_bytes: int = 8 * 2**20
-    max_instances: int = 1024
-    max_batch: int = 64
-
-    def __post_init__(self) -> None:
-        for field in ("max_body_bytes", "max_instances", "max_batch"):
-            value = getattr(self, field)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"`{field}` is {value!r}, but must be an integer >= 1.")
-
-
-DEFAULT_LIMITS = ServeLimits()
 
 
 async def _read_body(request: Request, limit: int) -> bytes:
