@@ -11,7 +11,8 @@ Every call goes through one ``StudyCalls``.
 Main thread::
 
     prefetch() (asking ahead: the first ask runs during the warm-up) ... next() -> the
-    scheduler's next trial (waits for the ask; queues the next one when asking ahead) ... report() / constrain() / population() ... tell() -> close(): give back
+    scheduler's next trial (waits for the ask; queues the next one when asking ahead)
+    ... report() / constrain() / population() ... tell() -> close(): give back
 """
 
 from __future__ import annotations
