@@ -93,27 +93,39 @@ def set_trial_attrs(
     """Several user and system attributes of ``trial``: one transaction on an RDB storage
     (Optuna commits each ``set_trial_*_attr`` on its own, about ten commits per trial on a
     SQLite file), one call per key on the others."""
-    rdb = _rdb_storage(trial.storage)
-    if rdb is None:
-        for key, value in user.items():
-            trial.storage.set_trial_user_attr(trial._trial_id, key, value)
-        for key, value in system.items():
-            trial.storage.set_trial_system_attr(trial._trial_id, key, value)
-    else:
-        from optuna.storages._rdb import models
-        from optuna.storages._rdb.storage import _create_scoped_session
-
-        with _create_scoped_session(rdb.scoped_session, True) as session:
-            for model, attrs in (
-                (models.TrialUserAttributeModel, user),
-                (models.TrialSystemAttributeModel, system),
-            ):
-                for key, value in attrs.items():
-                    rdb._set_trial_attr_without_commit(session, model, trial._trial_id, key, value)
+    _set_attrs(trial.storage, trial._trial_id, user=user, system=system)
     cached = getattr(trial, "_cached_frozen_trial", None)  # what ``trial.user_attrs`` reads
     if cached is not None:
         cached.user_attrs.update(user)
         cached.system_attrs.update(system)
+
+
+def set_trial_system_attrs(storage: Any, trial_id: int, system: Mapping[str, Any]) -> None:
+    """Several system attributes of trial ``trial_id``: one transaction on an RDB storage (a
+    pruner's verdict writes two or three at once, on the trial's critical path)."""
+    _set_attrs(storage, trial_id, user={}, system=system)
+
+
+def _set_attrs(
+    storage: Any, trial_id: int, *, user: Mapping[str, Any], system: Mapping[str, Any]
+) -> None:
+    rdb = _rdb_storage(storage)
+    if rdb is None:
+        for key, value in user.items():
+            storage.set_trial_user_attr(trial_id, key, value)
+        for key, value in system.items():
+            storage.set_trial_system_attr(trial_id, key, value)
+        return
+    from optuna.storages._rdb import models
+    from optuna.storages._rdb.storage import _create_scoped_session
+
+    with _create_scoped_session(rdb.scoped_session, True) as session:
+        for model, attrs in (
+            (models.TrialUserAttributeModel, user),
+            (models.TrialSystemAttributeModel, system),
+        ):
+            for key, value in attrs.items():
+                rdb._set_trial_attr_without_commit(session, model, trial_id, key, value)
 
 
 def suggest_architecture(space: HierarchicalSearchSpace, trial: optuna.Trial) -> Architecture:

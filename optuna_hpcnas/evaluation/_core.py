@@ -223,8 +223,16 @@ def report_epoch(
     trial.report(value, epoch)
     if not trial.should_prune():
         return Decision.CONTINUE
-    if isinstance(trial.study.pruner, StagedPruner) and StagedPruner.early_stopped(trial):
-        return Decision.STOP
+    pruner = trial.study.pruner
+    if isinstance(pruner, StagedPruner):
+        # the values should_prune judged (no storage read on the verdict's path)
+        cached = getattr(trial, "_cached_frozen_trial", None)
+        if cached is None:
+            early = StagedPruner.early_stopped(trial)
+        else:
+            early = pruner.stops_early(cached.intermediate_values, maximize=plan.maximize)
+        if early:
+            return Decision.STOP
     return Decision.PRUNE
 
 

@@ -213,40 +213,63 @@ class StagedPruner(BasePruner):
             return False
         values = trial.intermediate_values
         maximize = study.direction == StudyDirection.MAXIMIZE
-        storage, trial_id = study._storage, trial._trial_id
         plan = self._plan
         stage = plan.stage_index(step)
         name = plan.stages[stage].name
+        # the writes of one verdict go in one transaction (RDB storages): a runner waits for it
+        writes: dict[str, Any] = {}
         if trial.system_attrs.get(_keys.PRUNER_STAGE_REACHED) != name:
-            storage.set_trial_system_attr(trial_id, _keys.PRUNER_STAGE_REACHED, name)
+            writes[_keys.PRUNER_STAGE_REACHED] = name
 
         finite = [(s, v) for s, v in values.items() if math.isfinite(v)]
         stop = self._possible_stop(finite, step, maximize)
+        pruned = False
         if stop == "no finite value":
-            storage.set_trial_system_attr(trial_id, _keys.PRUNER_REASON, "no finite value")
-            return True
-        if stop == "patience":
+            writes[_keys.PRUNER_REASON] = "no finite value"
+            pruned = True
+        elif stop == "patience":
             reason = f"no improvement for {plan.patience} epochs (stage {name!r}, epoch {step})"
-            storage.set_trial_system_attr(trial_id, _keys.PRUNER_REASON, reason)
-            storage.set_trial_system_attr(trial_id, _keys.PRUNER_EARLY_STOPPED, step)
-            return True
-        if stop == "stage boundary":
+            writes[_keys.PRUNER_REASON] = reason
+            writes[_keys.PRUNER_EARLY_STOPPED] = step
+            pruned = True
+        elif stop == "stage boundary":
             best = max(v for _, v in finite) if maximize else min(v for _, v in finite)
             key = _keys.PRUNER_STAGE_VALUE + name
             if key not in trial.system_attrs:
-                storage.set_trial_system_attr(trial_id, key, best)
+                writes[key] = best
+            # written before the others are read: of two trials ending the stage at once,
+            # the later reader sees the other
+            self._write(study, trial, writes)
+            writes = {}
             competing = [
                 (float(t.system_attrs[key]), t.number)
                 for t in study.get_trials(deepcopy=False)
-                if key in t.system_attrs and t._trial_id != trial_id
+                if key in t.system_attrs and t._trial_id != trial._trial_id
             ]
             entry = (best, trial.number)
             competing.append(entry)
             if not _promotable(entry, competing, plan.stages[stage].promote, maximize):
                 reason = f"not promoted after stage {name!r} (epoch {step})"
-                storage.set_trial_system_attr(trial_id, _keys.PRUNER_REASON, reason)
-                return True
-        return False
+                writes[_keys.PRUNER_REASON] = reason
+                pruned = True
+        self._write(study, trial, writes)
+        return pruned
+
+    @staticmethod
+    def _write(study: optuna.Study, trial: FrozenTrial, attrs: Mapping[str, Any]) -> None:
+        from optuna_hpcnas._records import set_trial_system_attrs
+
+        if attrs:
+            set_trial_system_attrs(study._storage, trial._trial_id, attrs)
+
+    def stops_early(self, intermediate_values: Mapping[int, float], *, maximize: bool) -> bool:
+        """Whether a ``True`` from :meth:`prune` on these values is a patience stop (what
+        :meth:`early_stopped` reads back from the storage, judged without a storage read)."""
+        if not intermediate_values:
+            return False
+        step = max(intermediate_values)
+        finite = [(s, v) for s, v in intermediate_values.items() if math.isfinite(v)]
+        return self._possible_stop(finite, step, maximize) == "patience"
 
     def may_prune(self, intermediate_values: Mapping[int, float], *, maximize: bool) -> bool:
         """Whether :meth:`prune` could return ``True`` for a trial with these intermediate

@@ -10,8 +10,9 @@ Every call goes through one ``StudyCalls``.
 
 Main thread::
 
-    next() -> the scheduler's next trial (waits for the ask; queues the next one when asking
-    ahead) ... report() / constrain() / population() ... tell() -> close(): give back
+    prefetch() (asking ahead: the first ask runs during the warm-up) ... next() -> the
+    scheduler's next trial (waits for the ask; queues the next one when asking ahead)
+    ... report() / constrain() / population() ... tell() -> close(): give back
 """
 
 from __future__ import annotations
@@ -123,6 +124,15 @@ class _Asker:
         elif self._ahead:
             self._asking = self.thread.submit(self._take, told)
         return taken
+
+    def prefetch(self) -> bool:
+        """Queue the first ask now when asking ahead (before the warm-up: its pop and sampler
+        run while the supernet trains, not on the loop's first wait). One process asks only
+        in the loop, where the Python API asks."""
+        if not self._ahead or self._asking is not None or self._exhausted:
+            return False
+        self._asking = self.thread.submit(self._take, None)
+        return True
 
     def pending(self) -> Taken | None:
         """The trial asked ahead and not handed out (after the thread is closed)."""
@@ -274,6 +284,11 @@ class LeaderQueue:
         """Raise ``StorageUnavailable`` once the storage has been away past the window (at
         an epoch: the run then ends within one epoch, not at the next trial)."""
         self.calls.window.check()
+
+    def prefetch(self) -> bool:
+        """Start the first ask on the ask thread now when asking ahead (multi-group runs:
+        it then overlaps the warm-up); ``False`` when nothing was queued."""
+        return self._asker.prefetch()
 
     def next(self) -> Taken | None:
         """The trial to run next (main thread), ``None`` when none is left."""

@@ -150,12 +150,6 @@ def _run(
         study = open_study(config, comm, group, resume=resume)
     calls = StudyCalls(study, config) if study is not None else None  # leaders
     checkpoints = _checkpoints(config, comm, group, calls, objective)
-    if calls is not None:
-        with tracker.track("compute"):
-            _warm_up(config, objective, checkpoints, comm.Get_rank())
-    averager = _averager(config, group, objective, tracker)
-    engine = GroupEngine(group, config.distributed, device, batch_size=config.objective.batch_size)
-    guard = _guard(config, comm, group, calls, checkpoints)
     queue = None
     if calls is not None:
         queue = LeaderQueue(
@@ -167,6 +161,19 @@ def _run(
             observe_ask=metrics.observe_ask if metrics is not None else None,
             cost=objective.core.predicted_flops,
         )
+        queue.prefetch()  # asking ahead: the first ask overlaps the warm-up
+    try:
+        if calls is not None:
+            with tracker.track("compute"):
+                _warm_up(config, objective, checkpoints, comm.Get_rank())
+        averager = _averager(config, group, objective, tracker)
+        batch = config.objective.batch_size
+        engine = GroupEngine(group, config.distributed, device, batch_size=batch)
+        guard = _guard(config, comm, group, calls, checkpoints)
+    except BaseException:  # the prefetched trial goes back, its keep-alive stops
+        if queue is not None:
+            queue.close()
+        raise
     loop = GroupLoop(
         group=group,
         channel=GroupChannel(group.comm, group_index=group.index),

@@ -162,6 +162,8 @@ def test_may_prune_is_true_whenever_prune_stops_the_trial(direction: str) -> Non
             verdict = trial.should_prune()
             may = pruner.may_prune(values, maximize=maximize)
             assert may or not verdict, (values, step)
+            early = pruner.stops_early(values, maximize=maximize)  # no storage read
+            assert early == (verdict and StagedPruner.early_stopped(trial)), (values, step)
             stops += verdict
             waits += may
             if verdict:
@@ -171,6 +173,45 @@ def test_may_prune_is_true_whenever_prune_stops_the_trial(direction: str) -> Non
             study.tell(trial, values[plan.total_epochs])
     assert stops > 0  # every kind of stop was met (boundary, patience, no finite value)...
     assert waits < sum(len(t.intermediate_values) for t in study.get_trials())  # ...not always
+
+
+@pytest.mark.parametrize("best", [True, False])
+def test_a_verdict_takes_few_transactions(tmp_path, best: bool) -> None:
+    """A runner waits for the verdict at a stage's end (``report_epoch``): on an RDB storage
+    its writes go together, and a stop is told apart from early stopping without a read.
+    Every transaction takes SQLite's write lock, which the other workers hold often."""
+    from optuna_hpcnas.evaluation import Decision
+    from optuna_hpcnas.evaluation import report_epoch
+    from optuna_hpcnas.evaluation import TrialPlan
+
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    study = optuna.create_study(storage=url, direction="maximize", pruner=StagedPruner(_plan()))
+    for value in (0.6, 0.7):
+        _run(study, [value, value])
+    rdb = study._storage._backend
+    opened = rdb.scoped_session
+    sessions: list[int] = []
+
+    def counted() -> object:
+        sessions.append(1)
+        return opened()
+
+    trial = study.ask()
+    plan = TrialPlan(_plan(), 5, report=True, maximize=True)
+    rdb.scoped_session = counted
+    try:
+        decision = report_epoch(trial, plan, 1, 0.9 if best else 0.1, None)
+    finally:
+        rdb.scoped_session = opened
+    assert decision == (Decision.CONTINUE if best else Decision.PRUNE)
+    # the report, the trial's attributes, the stage reached and value together, the other
+    # trials, and the reason of a stop (it was 7 transactions for a stop: one per attribute,
+    # and a read of the attributes again to tell a stop from early stopping)
+    assert len(sessions) == (4 if best else 5)
+    attrs = study._storage.get_trial_system_attrs(trial._trial_id)
+    assert attrs[_keys.PRUNER_STAGE_REACHED] == "quick"
+    assert attrs[_keys.PRUNER_STAGE_VALUE + "quick"] == (0.9 if best else 0.1)
+    assert (_keys.PRUNER_REASON in attrs) != best
 
 
 def test_verdict_needed_by_pruner() -> None:

@@ -78,3 +78,39 @@ def test_every_storage_call_of_the_leaders_threads_goes_through_study_calls(
         "store_utilisation",
     ):
         assert any(name in qualname for qualname in through), (name, sorted(set(through)))
+
+
+@pytest.mark.parametrize("ask_ahead", ["on", "auto"])
+def test_a_leader_asking_ahead_asks_for_its_first_trial_during_the_warm_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ask_ahead: str
+) -> None:
+    """Asking ahead, the first ask (pop and sampler) runs on the ask thread while the
+    supernet warms up, so the loop's first trial does not wait for it. One process asking in
+    the loop (``auto``: where the Python API asks) has asked nothing by then."""
+    from optuna_hpcnas.run import _search
+
+    asked = threading.Event()
+    seen: list[bool] = []
+    suggest = _calls.StudyCalls.suggest
+    warm_up = _search._warm_up
+
+    def suggesting(self: _calls.StudyCalls, *args: Any) -> Any:
+        asked.set()
+        return suggest(self, *args)
+
+    def warming_up(*args: Any) -> None:
+        # a fake slow warm-up: it ends once the ask is done (or, not asking, at once)
+        seen.append(asked.wait(timeout=60) if ask_ahead == "on" else asked.is_set())
+        warm_up(*args)
+
+    monkeypatch.setattr(_calls.StudyCalls, "suggest", suggesting)
+    monkeypatch.setattr(_search, "_warm_up", warming_up)
+    url = f"sqlite:///{tmp_path / 'ahead.db'}"
+    sections = {
+        "study": {"name": "ahead", "storage": url, "n_trials": 2},
+        "distributed": {"ask_ahead": ask_ahead},
+    }
+    run_search(config_from_dict(tiny_config(**sections)))
+    assert seen == [ask_ahead == "on"]
+    study = optuna.load_study(study_name="ahead", storage=url)
+    assert [t.state.is_finished() for t in study.get_trials()] == [True, True]
