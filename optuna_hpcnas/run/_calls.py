@@ -65,6 +65,7 @@ class StudyCalls:
             )
             window.quiet = grace_period(config) + window.backoff.cap
         self.window = window
+        self._plan: TrialPlan | None = None
 
     def _call(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         """The one door to the storage: ``fn`` within the outage window (``OutageWindow.call``:
@@ -111,11 +112,14 @@ class StudyCalls:
         return self._call(_records.suggest_architecture, space, trial)
 
     def plan(self) -> TrialPlan:
-        """The plan of the next trial (reads the study's directions)."""
+        """The plan of every trial of the run: read once (the study's directions and pruner
+        do not change), so an ask costs no extra round trip to the storage."""
         from optuna_hpcnas.evaluation import TrialPlan
 
-        c = self._config
-        return self._call(TrialPlan.for_study, self.study, c.objective, c.stages)
+        if self._plan is None:
+            c = self._config
+            self._plan = self._call(TrialPlan.for_study, self.study, c.objective, c.stages)
+        return self._plan
 
     def population(self, size: int) -> list[Architecture]:
         """The architectures of the last ``size`` complete trials."""

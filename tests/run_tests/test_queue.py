@@ -114,3 +114,21 @@ def test_a_leader_asking_ahead_asks_for_its_first_trial_during_the_warm_up(
     assert seen == [ask_ahead == "on"]
     study = optuna.load_study(study_name="ahead", storage=url)
     assert [t.state.is_finished() for t in study.get_trials()] == [True, True]
+
+
+def test_the_trial_plan_is_read_from_the_storage_once_per_run(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'plan.db'}"
+    config = config_from_dict(tiny_config(study={"name": "plan", "storage": url, "n_trials": 1}))
+    study = optuna.create_study(study_name="plan", storage=url, direction="maximize")
+    reads: list[str] = []
+    calls = _calls.StudyCalls(study, config)
+    real = calls.window.call
+
+    def counted(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        reads.append(getattr(fn, "__qualname__", ""))
+        return real(fn, *args, **kwargs)
+
+    calls.window.call = counted  # type: ignore[method-assign]
+    first, second = calls.plan(), calls.plan()
+    assert first is second and first.maximize and first.report
+    assert reads == ["TrialPlan.for_study"]  # the directions never change: one round trip
