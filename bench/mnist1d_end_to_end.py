@@ -72,7 +72,10 @@ def ours(work: Path, config: Path | None, generator_seed: int | None, ranks: int
     storage = f"sqlite:///{work / 'nas.db'}"
     (summary,) = optuna.get_all_study_summaries(storage)
     study = optuna.load_study(study_name=summary.study_name, storage=storage)
-    trials = sorted(study.get_trials(deepcopy=False), key=lambda t: t.number)
+    trials = sorted(
+        (t for t in study.get_trials(deepcopy=False) if t.state.is_finished()),
+        key=lambda t: t.number,
+    )  # the budget's trials not reached before the timeout stay WAITING: not counted
     best_after = []
     for n in (10, 20, 40, len(trials)):
         done = [t.value for t in trials[:n] if t.state.name == "COMPLETE" and t.value is not None]
@@ -81,7 +84,7 @@ def ours(work: Path, config: Path | None, generator_seed: int | None, ranks: int
     return Result(
         seconds=run_seconds + export_seconds,
         test_accuracy=float(found.group(1)),
-        candidates=len([t for t in trials if t.state.is_finished()]),
+        candidates=len(trials),
         note=f"run {run_seconds:.0f} s, export {export_seconds:.0f} s",
     )
 
