@@ -543,7 +543,8 @@ epochs = 30
 name = "signals"
 storage = "sqlite:///nas.db"   # or a PostgreSQL/MySQL URL; leave it out to use $OPTUNA_STORAGE
 n_trials = 400                 # the timeout ends it first on 2 cores
-timeout = 780                  # seconds of search after the warm-up
+timeout = 780                  # seconds of search after the warm-up; models this small
+                               # train one per core: mpirun -n <cores> hpcnas run ...
 enqueue = ["cnn"]              # start from the paper's CNN (94 %); also "gru", "mlp", or
                                # tables of parameters ({ "node.topology" = "residual", ... })
 
