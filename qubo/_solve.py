@@ -109,14 +109,7 @@ def solve(
         raise ValueError(f"`num_reads` is {num_reads!r}, but must be an integer >= 1.")
     n = problem.n_bits
     bqm = problem.build_bqm(model, evaluated=evaluated, evaluated_penalty=evaluated_penalty)
-    # Sweeps scale with the problem: dwave-samplers' default of 1,000 is sized for large
-    # problems, and 10 per bit (at least 100) still finds the ground state of the one-hot
-    # spaces this sampler is for (bench/qubo_quadratic.py) at a third of the ask's time.
-    kwargs: dict[str, Any] = {
-        "num_reads": num_reads,
-        "seed": seed,
-        "num_sweeps": min(1000, max(100, 10 * n)),
-    }
+    kwargs: dict[str, Any] = {"num_reads": num_reads, "seed": seed}
     kwargs.update(sampler_kwargs or {})
     accepted = set(getattr(sampler, "parameters", {}) or {})
     kwargs = {k: v for k, v in kwargs.items() if k in accepted and v is not None}
