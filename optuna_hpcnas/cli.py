@@ -545,8 +545,9 @@ storage = "sqlite:///nas.db"   # or a PostgreSQL/MySQL URL; leave it out to use 
 n_trials = 400                 # the timeout ends it first on 2 cores
 timeout = 780                  # seconds of search after the warm-up; models this small
                                # train one per core: mpirun -n <cores> hpcnas run ...
-enqueue = ["cnn"]              # start from the paper's CNN (94 %); also "gru", "mlp", or
-                               # tables of parameters ({ "node.topology" = "residual", ... })
+enqueue = ["cnn", "fcn"]       # start from published models: the paper's CNN (94 %) and the
+                               # time-series baseline FCN (Wang et al. 2017); also "gru",
+                               # "mlp", or tables of parameters ({ "node.stem" = "none", ... })
 
 [space]
 preset = "signal-1d"           # conv1d / GRU / attention cells; raw, embedded or flat stems

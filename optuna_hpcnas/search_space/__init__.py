@@ -8,6 +8,7 @@ from optuna_hpcnas.search_space._architecture import ClusterConfig
 from optuna_hpcnas.search_space._operators import OperatorRegistry
 from optuna_hpcnas.search_space._operators import OperatorSpec
 from optuna_hpcnas.search_space._presets import reference_models
+from optuna_hpcnas.search_space._presets import SIGNAL_1D_BASELINES
 from optuna_hpcnas.search_space._presets import SIGNAL_1D_PAPER_MODELS
 from optuna_hpcnas.search_space._space import Decision
 from optuna_hpcnas.search_space._space import HierarchicalSearchSpace
@@ -25,6 +26,7 @@ __all__ = [
     "Level",
     "OperatorRegistry",
     "OperatorSpec",
+    "SIGNAL_1D_BASELINES",
     "SIGNAL_1D_PAPER_MODELS",
     "TargetProfile",
     "reference_models",

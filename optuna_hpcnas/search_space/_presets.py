@@ -8,7 +8,8 @@
 * ``signal-1d`` — 1-D signals ``(L, F)`` such as MNIST-1D: strided and dilated Conv1d with
   BatchNorm, plain Conv1d, stride-2 pooling, a bidirectional GRU, attention and transformer
   cells; the raw, embedded or flattened signal as stem; mean or flatten head. The MNIST-1D
-  paper's MLP, CNN and GRU are points of it (``SIGNAL_1D_PAPER_MODELS``).
+  paper's MLP, CNN and GRU are points of it (``SIGNAL_1D_PAPER_MODELS``), and so is the
+  time-series classification baseline FCN (``SIGNAL_1D_BASELINES``).
 """
 
 from __future__ import annotations
@@ -142,9 +143,31 @@ SIGNAL_1D_PAPER_MODELS: dict[str, dict[str, Any]] = {
     },
 }
 
-# Published models of each preset, by name: ``[study] enqueue = ["cnn"]`` starts a search
-# from them (``reference_models``).
-REFERENCE_MODELS: dict[str, dict[str, dict[str, Any]]] = {"signal-1d": SIGNAL_1D_PAPER_MODELS}
+# The fully convolutional network of Wang, Yan & Oates 2017 ("Time series classification from
+# scratch with deep neural networks: a strong baseline"), the standard baseline of time-series
+# classification: Conv1d(128, 8), Conv1d(256, 5), Conv1d(128, 3), each with BatchNorm and ReLU,
+# then global average pooling and a linear classifier. In the space: the widths capped at its
+# widest choice (100) and the 8-wide kernel at 7; same padding, no stride, as in the paper.
+SIGNAL_1D_BASELINES: dict[str, dict[str, Any]] = {
+    "fcn": {
+        "node.topology": "chain",
+        "node.stem": "none",
+        **{
+            f"node.cell{i}.{k}": v
+            for i, kernel in ((0, 7), (1, 5), (2, 3))
+            for k, v in (("op", "conv1d_bn"), ("kernel", kernel), ("width", 100), ("stride", 1))
+        },
+        "node.cell3.op": "identity",
+        "node.head": "mean",
+        **_LAYOUT,
+    },
+}
+
+# Published models of each preset, by name: ``[study] enqueue = ["cnn", "fcn"]`` starts a
+# search from them (``reference_models``).
+REFERENCE_MODELS: dict[str, dict[str, dict[str, Any]]] = {
+    "signal-1d": {**SIGNAL_1D_PAPER_MODELS, **SIGNAL_1D_BASELINES}
+}
 
 
 def reference_models(preset: str | None) -> dict[str, dict[str, Any]]:

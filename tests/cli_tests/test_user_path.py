@@ -95,6 +95,10 @@ def test_init_writes_a_starter_for_each_preset(tmp_path: Path) -> None:
     config = load_config(str(target))
     assert config.data.name == "mnist1d" and config.space.preset == "signal-1d"
     assert config.space.build().domain == "sequence"
+    from optuna_hpcnas.search_space import reference_models
+
+    published = reference_models("signal-1d")  # the search starts from the CNN and the FCN
+    assert config.enqueued_params() == [published["cnn"], published["fcn"]]
 
 
 def test_init_writes_a_starter_that_runs(

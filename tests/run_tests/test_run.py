@@ -267,17 +267,20 @@ def test_enqueued_models_are_the_first_trials_of_a_new_study_only(tmp_path: Path
 def test_enqueue_names_a_published_model_of_the_preset() -> None:
     from optuna_hpcnas.config import ConfigError
     from optuna_hpcnas.search_space import reference_models
+    from optuna_hpcnas.search_space import SIGNAL_1D_BASELINES
     from optuna_hpcnas.search_space import SIGNAL_1D_PAPER_MODELS
 
     signal = tiny_config(
-        study={"enqueue": ["cnn", "gru"]},
+        study={"enqueue": ["cnn", "gru", "fcn"]},
         space={"preset": "signal-1d"},
         data={"name": "mnist1d"},
     )
     assert config_from_dict(signal).enqueued_params() == [
         SIGNAL_1D_PAPER_MODELS["cnn"],
         SIGNAL_1D_PAPER_MODELS["gru"],
+        SIGNAL_1D_BASELINES["fcn"],
     ]
+    assert sorted(reference_models("signal-1d")) == ["cnn", "fcn", "gru", "mlp"]
     assert reference_models("digits-small") == {}
     with pytest.raises(ConfigError, match="'cnn' is not a published model of the digits-small"):
         config_from_dict(tiny_config(study={"enqueue": ["cnn"]}))

@@ -1,5 +1,6 @@
-"""The ``signal-1d`` space holds the MNIST-1D paper's models (Greydanus 2020): each is built
-from ``space.from_params`` and compared with the paper's own PyTorch modules."""
+"""The ``signal-1d`` space holds the MNIST-1D paper's models (Greydanus 2020) and the
+time-series baseline FCN (Wang et al. 2017): each is built from ``space.from_params`` and
+compared with the published PyTorch modules."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from torch import nn
 
 from optuna_hpcnas import HierarchicalSearchSpace
 from optuna_hpcnas.search_space import Architecture
+from optuna_hpcnas.search_space import SIGNAL_1D_BASELINES
 from optuna_hpcnas.search_space import SIGNAL_1D_PAPER_MODELS
 from optuna_hpcnas.supernet import SuperNet
 
@@ -131,3 +133,26 @@ def test_every_path_of_the_space_is_its_own_standalone_model(supernet: SuperNet)
         supernet.eval()
         sub = supernet.subnet(arch).eval()
         assert torch.allclose(sub(x), supernet(x, arch), atol=1e-4), arch.describe()
+
+
+def test_the_fcn_baseline_is_the_published_network_within_the_spaces_widths(
+    supernet: SuperNet,
+) -> None:
+    """Wang et al.'s FCN: three same-padded Conv1d + BatchNorm + ReLU layers (kernels 8/5/3,
+    capped at the space's 7; widths 128/256/128, capped at 100), global average pooling and a
+    linear classifier; the space's mean head adds a LayerNorm before the pooling."""
+    arch = supernet.space.from_params(SIGNAL_1D_BASELINES["fcn"])
+    assert supernet.space.contains(arch)
+    sub = supernet.subnet(arch).eval()
+    convs = [layer.op for layer in list(sub)[1:4]]
+    assert [c.weight.shape[-1] for c in convs] == [7, 5, 3]
+    assert [c.weight.shape[0] for c in convs] == [100, 100, 100]
+    assert supernet.lengths(arch) == [40, 40, 40, 40, 40]  # no stride: same padding throughout
+    published = nn.Sequential(
+        nn.Conv1d(1, 100, 7, padding=3, bias=False), nn.BatchNorm1d(100), nn.ReLU(),
+        nn.Conv1d(100, 100, 5, padding=2, bias=False), nn.BatchNorm1d(100), nn.ReLU(),
+        nn.Conv1d(100, 100, 3, padding=1, bias=False), nn.BatchNorm1d(100), nn.ReLU(),
+        nn.LayerNorm(100), nn.Linear(100, 10),
+    )  # fmt: skip; the paper's Keras layers carry a bias that the BatchNorm after it cancels
+    assert _count(sub) == _count(published)
+    assert sub(torch.randn(4, 40, 1)).shape == (4, 10)
