@@ -486,7 +486,7 @@ _STARTER_HEAD = """\
 _STARTER_TAIL = """
 [distributed]                  # under mpirun/srun: ranks per evaluation group
 group_size = 1
-
+{processes}
 [storage]                      # a storage that goes away (restart, fail-over) is waited for
 outage_tolerance_s = 120       # this long; past it the run exits 75: `hpcnas resume` goes on
 """
@@ -543,8 +543,7 @@ epochs = 30
 name = "signals"
 storage = "sqlite:///nas.db"   # or a PostgreSQL/MySQL URL; leave it out to use $OPTUNA_STORAGE
 n_trials = 400                 # the timeout ends it first on 2 cores
-timeout = 780                  # seconds of search after the warm-up; models this small
-                               # train one per core: mpirun -n <cores> hpcnas run ...
+timeout = 780                  # seconds of search after the warm-up
 enqueue = ["cnn", "fcn"]       # start from published models: the paper's CNN (94 %) and the
                                # time-series baseline FCN (Wang et al. 2017); also "gru",
                                # "mlp", or tables of parameters ({ "node.stem" = "none", ... })
@@ -593,9 +592,19 @@ batch_size = 64
 }
 
 
+# Models as small as MNIST-1D's use a second thread poorly and a second rank fully.
+_STARTER_PROCESSES = {
+    "signal-1d": (
+        'processes = "auto"             # `hpcnas run` starts one rank per core (as mpirun -n\n'
+        "                               # <cores>), each training its own candidates\n"
+    ),
+}
+
+
 def starter(preset: str = "digits-small") -> str:
     """The commented config ``hpcnas init --preset PRESET`` writes."""
-    return _STARTER_HEAD + _STARTERS[preset] + _STARTER_TAIL
+    tail = _STARTER_TAIL.format(processes=_STARTER_PROCESSES.get(preset, ""))
+    return _STARTER_HEAD + _STARTERS[preset] + tail
 
 
 STARTER = starter()
@@ -627,10 +636,16 @@ def _cmd_run(args: argparse.Namespace, *, resume: bool) -> int:
     from optuna_hpcnas.distributed import finalize_mpi
     from optuna_hpcnas.run import launch
     from optuna_hpcnas.run import LaunchError
+    from optuna_hpcnas.run import relaunch_command
+    from optuna_hpcnas.run import run_relaunched
     from optuna_hpcnas.run import StorageLost
 
+    config = _run_config(args)
     try:
-        done = launch(_run_config(args), resume=resume, progress=not args.no_progress)
+        command = relaunch_command(config, args.argv)
+        if command is not None:  # [distributed] processes: this machine's ranks, as mpirun
+            return run_relaunched(command)
+        done = launch(config, resume=resume, progress=not args.no_progress)
     except StorageLost as e:  # every rank, each in its own time: no MPI_Abort
         print(f"hpcnas {args.command}: error: {mask_url(str(e))}", file=sys.stderr, flush=True)
         finalize_mpi(e.exit_status)
@@ -969,6 +984,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     passive_openmp()  # before anything loads torch: its OpenMP reads the variable once
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # what `processes` re-runs
     if args.command is None:
         parser.print_help()
         return 2

@@ -45,6 +45,11 @@ class DistributedConfig:
             finished trial but the running ones; ``"off"``: it asks after the tell, as
             ``study.optimize`` does; ``"auto"``: on with several groups, off with one (a
             one-process ``hpcnas run`` then samples exactly as the Python API).
+        processes: Ranks ``hpcnas run`` starts on this machine when no launcher started it
+            (it re-runs itself under the ``mpirun`` of ``optuna-hpcnas[mpi]``): ``1`` runs in
+            this process; ``"auto"`` one rank per CPU the process may use (affinity, cgroup
+            quota) divided by ``[training] threads``. Under ``mpirun``/``srun`` the launcher
+            decides and this is ignored.
     """
 
     group_size: int = 1
@@ -61,6 +66,7 @@ class DistributedConfig:
     scheduler: str = "dynamic"
     lookahead: int = 4
     ask_ahead: str = "auto"
+    processes: int | str = 1
 
     def __post_init__(self) -> None:
         check_int("group_size", self.group_size, 0)
@@ -89,3 +95,9 @@ class DistributedConfig:
         check_choice("shm_op", self.shm_op, SHM_OP)
         check_choice("scheduler", self.scheduler, SCHEDULERS)
         check_int("lookahead", self.lookahead, 1)
+        if self.processes != "auto":
+            if isinstance(self.processes, str):
+                raise ValueError(
+                    f"`processes` is {self.processes!r}, but must be 'auto' or an integer >= 1."
+                )
+            check_int("processes", self.processes, 1)

@@ -149,10 +149,17 @@ def test_the_fcn_baseline_is_the_published_network_within_the_spaces_widths(
     assert [c.weight.shape[0] for c in convs] == [100, 100, 100]
     assert supernet.lengths(arch) == [40, 40, 40, 40, 40]  # no stride: same padding throughout
     published = nn.Sequential(
-        nn.Conv1d(1, 100, 7, padding=3, bias=False), nn.BatchNorm1d(100), nn.ReLU(),
-        nn.Conv1d(100, 100, 5, padding=2, bias=False), nn.BatchNorm1d(100), nn.ReLU(),
-        nn.Conv1d(100, 100, 3, padding=1, bias=False), nn.BatchNorm1d(100), nn.ReLU(),
-        nn.LayerNorm(100), nn.Linear(100, 10),
-    )  # fmt: skip; the paper's Keras layers carry a bias that the BatchNorm after it cancels
+        nn.Conv1d(1, 100, 7, padding=3, bias=False),
+        nn.BatchNorm1d(100),
+        nn.ReLU(),
+        nn.Conv1d(100, 100, 5, padding=2, bias=False),
+        nn.BatchNorm1d(100),
+        nn.ReLU(),
+        nn.Conv1d(100, 100, 3, padding=1, bias=False),
+        nn.BatchNorm1d(100),
+        nn.ReLU(),
+        nn.LayerNorm(100),
+        nn.Linear(100, 10),
+    )  # no conv bias: the paper's Keras layers carry one, which the BatchNorm after it cancels
     assert _count(sub) == _count(published)
     assert sub(torch.randn(4, 40, 1)).shape == (4, 10)

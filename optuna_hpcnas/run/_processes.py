@@ -1,0 +1,117 @@
+"""``[distributed] processes``: ``hpcnas run`` starts its own ranks on this machine.
+
+Models as small as MNIST-1D's use a second thread poorly (1.1-1.5x) but a second rank fully:
+each rank is an evaluation group that trains its own candidate, as under ``mpirun -n 2``. So a
+config may ask ``hpcnas run`` for several processes, and a user who types ``hpcnas run`` on a
+laptop gets what ``mpirun -n <cores> hpcnas run`` gives, without knowing MPI. It is the same
+job: this process re-runs its own command line under the ``mpirun`` of the MPI that mpi4py
+was built with (``python -m mpi4py -m optuna_hpcnas ...``), forwards the signals it gets and
+exits with the job's status. Under a launcher (``mpirun``, ``srun``) the launcher decides and
+the setting is ignored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+import logging
+import os
+from pathlib import Path
+import shutil
+import signal
+import subprocess
+import sys
+from typing import TYPE_CHECKING
+
+from optuna_hpcnas.distributed._groups import launched_rank_and_size
+from optuna_hpcnas.run._launch import LaunchError
+from optuna_hpcnas.run._threads import available_cores
+
+if TYPE_CHECKING:
+    from optuna_hpcnas.config import RunConfig
+
+_logger = logging.getLogger(__name__)
+_FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
+
+
+def local_processes(config: RunConfig, *, cores: int | None = None) -> int:
+    """The ranks ``[distributed] processes`` asks for: an integer as written; ``"auto"``: the
+    CPUs this process may use (affinity, cgroup quota) divided by ``[training] threads`` (one
+    thread per rank when unset), rounded down to whole evaluation groups."""
+    wanted = config.distributed.processes
+    if wanted != "auto":
+        return int(wanted)
+    usable = available_cores() if cores is None else cores
+    per_rank = config.training.threads or 1
+    group = max(1, config.distributed.group_size)
+    return max(1, usable // per_rank // group * group)
+
+
+def _mpirun() -> str | None:
+    """The ``mpirun`` beside this Python (the ``mpich`` wheel of ``optuna-hpcnas[mpi]``),
+    else the first ``mpiexec``/``mpirun`` on ``PATH``."""
+    beside = Path(sys.executable).parent
+    for name in ("mpiexec", "mpirun"):
+        if (beside / name).is_file() and os.access(beside / name, os.X_OK):
+            return str(beside / name)
+    return shutil.which("mpiexec") or shutil.which("mpirun")
+
+
+def relaunch_command(config: RunConfig, argv: Sequence[str]) -> list[str] | None:
+    """The ``mpirun`` command that runs ``hpcnas ARGV`` on ``local_processes(config)`` ranks,
+    or ``None`` when this process runs the search itself (one process asked for, or already
+    under a launcher).
+
+    Raises:
+        LaunchError: More than one process asked for by number, and no ``mpirun`` or no
+            mpi4py here (``"auto"`` falls back to one process with a warning instead).
+    """
+    if launched_rank_and_size()[1] > 1:
+        return None
+    n = local_processes(config)
+    if n <= 1:
+        return None
+    import importlib.util
+
+    mpirun = _mpirun()
+    if mpirun is None or importlib.util.find_spec("mpi4py") is None:
+        missing = "mpirun" if mpirun is None else "mpi4py"
+        if config.distributed.processes == "auto":
+            _logger.warning(
+                "[distributed] processes = 'auto' would start %d ranks, but %s is not "
+                "installed (pip install 'optuna-hpcnas[mpi]'): running in one process.",
+                n,
+                missing,
+            )
+            return None
+        raise LaunchError(
+            f"[distributed] processes = {n} needs {missing}: pip install 'optuna-hpcnas[mpi]', "
+            "or set processes = 1"
+        )
+    return [mpirun, "-n", str(n), sys.executable, "-m", "mpi4py", "-m", "optuna_hpcnas", *argv]
+
+
+def run_relaunched(command: Sequence[str]) -> int:
+    """Run ``command`` (``relaunch_command``'s), forwarding SIGINT, SIGTERM and SIGUSR1 to
+    it; its exit status (``128 + signal`` when a signal ended it)."""
+    _logger.info("starting %s ranks: %s", command[2], " ".join(command))
+    process = subprocess.Popen(list(command))
+
+    def forward(signum: int, frame: object) -> None:
+        if process.poll() is None:
+            process.send_signal(signum)
+
+    import threading
+
+    on_main = threading.current_thread() is threading.main_thread()  # handlers live there
+    previous = {s: signal.signal(s, forward) for s in _FORWARDED} if on_main else {}
+    try:
+        while True:
+            try:
+                status = process.wait()
+                break
+            except KeyboardInterrupt:  # a handler replaced by the caller's: keep waiting
+                continue
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    return 128 - status if status < 0 else status
