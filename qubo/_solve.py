@@ -12,8 +12,9 @@ energy. When every sample is an evaluated code (the surrogate is confident), the
 unseen codes one group away from them take their place.
 
 With ``SimulatedAnnealingSampler`` and no schedule of the caller's, ``solve`` passes the
-anneal's inverse temperatures itself (``annealing_schedule``): dwave-samplers computes its
-default range with a Python loop over every coupling, 1.5 ms of a 30-bit ask.
+anneal's inverse temperatures itself (``annealing_schedule``): dwave-samplers' default
+geometric schedule without its hottest sweeps (computed in numpy: dwave-samplers loops over
+every coupling in Python, 1.5 ms of a 30-bit ask).
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ def default_sampler() -> dimod.Sampler:
 
 # Sweeps of dwave-samplers' default schedule, and how much colder than its hot end ours starts.
 _DEFAULT_SWEEPS = 1000
-_HOT_START = 1.0
+_HOT_START = 8.0
 # Keyword arguments by which a caller sets the annealer's schedule itself.
 _SCHEDULE_KEYS = frozenset(
     {"beta_range", "beta_schedule", "beta_schedule_type", "num_sweeps", "num_sweeps_per_beta"}
@@ -100,10 +101,20 @@ def annealing_schedule(
     its default geometric schedule of ``num_sweeps`` betas for ``bqm``, without the betas
     below ``hot_start`` times its hot end (``hot_start=1``: the default schedule itself).
 
+    The default hot end lets every spin flip against the largest field of the BQM, which the
+    one-hot penalties set. There every read is still random, yet those sweeps cost the most:
+    nearly every flip is accepted, and each accepted flip updates the fields of all its
+    neighbours. Starting 8 times colder (the default) keeps the default's coldest 855 of
+    1,000 betas on NAS-Bench-201 and on the dense quadratic and cuts the anneal's time by
+    about 43 %; on the BQMs of real asks (those two, a quadratic with a budget, digits with
+    a penalty; 4-6 seeds of 32 reads each) the reads' best and mean energies stayed those of
+    the whole schedule within their noise, also 16 times colder, and 32 times colder they
+    began to rise.
+
     Example:
         >>> import dimod
         >>> bqm = dimod.BinaryQuadraticModel({0: 1.0, 1: -0.5}, {(0, 1): 2.0}, 0.0, "BINARY")
-        >>> full, short = annealing_schedule(bqm), annealing_schedule(bqm, hot_start=8.0)
+        >>> full, short = annealing_schedule(bqm, hot_start=1.0), annealing_schedule(bqm)
         >>> len(full), bool(short[0] >= 8 * full[0]), bool(short[-1] == full[-1])
         (1000, True, True)
     """

@@ -329,6 +329,9 @@ def test_annealing_schedule_is_the_default_without_its_hottest_sweeps() -> None:
     betas = annealing_schedule(bqm, hot_start=16.0)
     np.testing.assert_array_equal(betas, default[-len(betas) :])
     assert betas[0] >= 16 * hot and default[-len(betas) - 1] < 16 * hot
+    # What ``solve`` passes: the default's coldest betas from 8 times its hot end on.
+    short = annealing_schedule(bqm)
+    assert short[0] >= 8 * hot and short[-1] == cold and len(betas) < len(short) < 1000
     with pytest.raises(ValueError, match="hot_start"):
         annealing_schedule(bqm, hot_start=0.5)
     with pytest.raises(ValueError, match="num_sweeps"):
