@@ -4,8 +4,8 @@ The flow: ``OneHotEncoding`` (bits) -> a ``Surrogate`` draws a ``QuadraticModel`
 ``(bits, objective)`` pairs -> ``QUBOProblem.build_bqm`` adds one-hot, conditional, budget and
 evaluated-code penalties -> ``solve`` samples it with any ``dimod.Sampler`` and decodes.
 
-Everything but ``solve``, ``Solution`` and ``default_sampler`` imports without dimod; those
-need the ``qubo`` extra (``pip install optuna-hpcnas[qubo]``).
+Everything but ``solve``, ``Solution``, ``default_sampler`` and ``annealing_schedule`` imports
+without dimod; those need the ``qubo`` extra (``pip install optuna-hpcnas[qubo]``).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from qubo._surrogate import FactorizationMachine
 from qubo._surrogate import QuadraticModel
 from qubo._surrogate import Surrogate
 
-_DIMOD_NAMES = ("Solution", "default_sampler", "solve")
+_DIMOD_NAMES = ("Solution", "annealing_schedule", "default_sampler", "solve")
 
 __all__ = [
     "BayesianPosterior",
@@ -34,6 +34,7 @@ __all__ = [
     "QuadraticModel",
     "Solution",
     "Surrogate",
+    "annealing_schedule",
     "conditional_pairs",
     "default_sampler",
     "solve",

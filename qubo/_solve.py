@@ -10,6 +10,11 @@ Decoding keeps the code bits (slack variables are dropped), repairs infeasible s
 repair, removes already evaluated codes and duplicates, and sorts the rest by surrogate
 energy. When every sample is an evaluated code (the surrogate is confident), the feasible,
 unseen codes one group away from them take their place.
+
+With ``SimulatedAnnealingSampler`` and no schedule of the caller's, ``solve`` passes the
+anneal's inverse temperatures itself (``annealing_schedule``): dwave-samplers' default
+geometric schedule without its hottest sweeps (computed in numpy: dwave-samplers loops over
+every coupling in Python, 1.5 ms of a 30-bit ask).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from collections.abc import Mapping
 from collections.abc import Sequence
 from dataclasses import dataclass
 from dataclasses import field
+import math
 import time
 from typing import Any
 
@@ -48,6 +54,93 @@ def default_sampler() -> dimod.Sampler:
     from dwave.samplers import SimulatedAnnealingSampler
 
     return SimulatedAnnealingSampler()
+
+
+# Sweeps of dwave-samplers' default schedule, and how much colder than its hot end ours starts.
+_DEFAULT_SWEEPS = 1000
+_HOT_START = 8.0
+# Keyword arguments by which a caller sets the annealer's schedule itself.
+_SCHEDULE_KEYS = frozenset(
+    {"beta_range", "beta_schedule", "beta_schedule_type", "num_sweeps", "num_sweeps_per_beta"}
+)
+
+
+def _beta_range(bqm: dimod.BinaryQuadraticModel) -> tuple[float, float]:
+    """dwave-samplers' default ``(hot, cold)`` inverse temperatures of ``bqm``, from its Ising
+    form: hot flips a spin against its largest possible field with probability 1/2, cold
+    excites the spins of the smallest non-zero bias with probability 0.01 in all (the
+    formula of ``dwave.samplers.sa.sampler._default_ising_beta_range``, in numpy instead
+    of a Python loop over the couplings)."""
+    # A copy, not the ``bqm.spin`` view, whose vectors are read one bias at a time in Python.
+    vectors = bqm.change_vartype(dimod.SPIN, inplace=False).to_numpy_vectors()
+    irow, icol, qdata = vectors.quadratic
+    h, j = np.abs(vectors.linear_biases), np.abs(qdata)
+    field = h.copy()
+    np.add.at(field, irow, j)
+    np.add.at(field, icol, j)
+    smallest = np.where(h > 0, h, np.inf)
+    nonzero = j > 0
+    np.minimum.at(smallest, irow[nonzero], j[nonzero])
+    np.minimum.at(smallest, icol[nonzero], j[nonzero])
+    smallest = smallest[np.isfinite(smallest)]
+    if not len(smallest):
+        return 0.1, 1.0  # every bias is zero: dwave-samplers' own fallback
+    hot = math.log(2.0) / (2.0 * float(field.max()))
+    low = float(smallest.min())
+    count = int(np.sum(smallest == low))
+    return hot, math.log(count / 0.01) / (2.0 * low)
+
+
+def annealing_schedule(
+    bqm: dimod.BinaryQuadraticModel,
+    *,
+    num_sweeps: int = _DEFAULT_SWEEPS,
+    hot_start: float = _HOT_START,
+) -> np.ndarray:
+    """The inverse temperatures (one per sweep) ``solve`` gives ``SimulatedAnnealingSampler``:
+    its default geometric schedule of ``num_sweeps`` betas for ``bqm``, without the betas
+    below ``hot_start`` times its hot end (``hot_start=1``: the default schedule itself).
+
+    The default hot end lets every spin flip against the largest field of the BQM, which the
+    one-hot penalties set. There every read is still random, yet those sweeps cost the most:
+    nearly every flip is accepted, and each accepted flip updates the fields of all its
+    neighbours. Starting 8 times colder (the default) keeps the default's coldest 855 of
+    1,000 betas on NAS-Bench-201 and on the dense quadratic and cuts the anneal's time by
+    about 43 %; on the BQMs of real asks (those two, a quadratic with a budget, digits with
+    a penalty; 4-6 seeds of 32 reads each) the reads' best and mean energies stayed those of
+    the whole schedule within their noise, also 16 times colder, and 32 times colder they
+    began to rise.
+
+    Example:
+        >>> import dimod
+        >>> bqm = dimod.BinaryQuadraticModel({0: 1.0, 1: -0.5}, {(0, 1): 2.0}, 0.0, "BINARY")
+        >>> full, short = annealing_schedule(bqm, hot_start=1.0), annealing_schedule(bqm)
+        >>> len(full), bool(short[0] >= 8 * full[0]), bool(short[-1] == full[-1])
+        (1000, True, True)
+    """
+    if isinstance(num_sweeps, bool) or not isinstance(num_sweeps, int) or num_sweeps < 2:
+        raise ValueError(f"`num_sweeps` is {num_sweeps!r}, but must be an integer >= 2.")
+    if not hot_start >= 1.0:
+        raise ValueError(f"`hot_start` is {hot_start!r}, but must be >= 1.")
+    hot, cold = _beta_range(bqm)
+    betas = np.geomspace(hot, cold, num_sweeps)
+    if cold <= hot * hot_start:
+        return betas
+    return betas[betas >= hot * hot_start * (1.0 - 1e-12)]
+
+
+def _schedule_kwargs(
+    sampler: dimod.Sampler, bqm: dimod.BinaryQuadraticModel, given: Mapping[str, Any]
+) -> dict[str, Any]:
+    """``annealing_schedule`` for dwave-samplers' ``SimulatedAnnealingSampler`` when the
+    caller set no schedule of its own; nothing for any other sampler."""
+    try:
+        from dwave.samplers import SimulatedAnnealingSampler
+    except ImportError:  # pragma: no cover - dwave-samplers is a dependency
+        return {}
+    if not isinstance(sampler, SimulatedAnnealingSampler) or _SCHEDULE_KEYS & set(given):
+        return {}
+    return {"beta_schedule_type": "custom", "beta_schedule": annealing_schedule(bqm)}
 
 
 def _feasible_codes(
@@ -110,6 +203,7 @@ def solve(
     n = problem.n_bits
     bqm = problem.build_bqm(model, evaluated=evaluated, evaluated_penalty=evaluated_penalty)
     kwargs: dict[str, Any] = {"num_reads": num_reads, "seed": seed}
+    kwargs.update(_schedule_kwargs(sampler, bqm, sampler_kwargs or {}))
     kwargs.update(sampler_kwargs or {})
     accepted = set(getattr(sampler, "parameters", {}) or {})
     kwargs = {k: v for k, v in kwargs.items() if k in accepted and v is not None}

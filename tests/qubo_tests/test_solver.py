@@ -296,3 +296,69 @@ def test_posterior_predicts_its_mean_and_is_surest_at_the_data() -> None:
     assert np.allclose(posterior.draw(rng, 0.0).linear, posterior.mean().linear)
     far = np.array([enc.encode([v] * 4) for v in range(3)])
     assert spread.mean() < posterior.predict(far)[1].mean()
+
+
+def _random_bqm(rng: np.random.Generator, n: int) -> dimod.BinaryQuadraticModel:
+    linear = rng.normal(0, 1, n) * (rng.random(n) < 0.8)  # some zero biases
+    quadratic = np.triu(rng.normal(0, 1, (n, n)) * (rng.random((n, n)) < 0.7), 1)
+    return dimod.BinaryQuadraticModel(linear, quadratic, 0.0, "BINARY")
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_beta_range_is_dwave_samplers_default(seed: int) -> None:
+    from dwave.samplers.sa.sampler import _default_ising_beta_range
+
+    from qubo._solve import _beta_range
+
+    bqm = _random_bqm(np.random.default_rng(seed), 12)
+    ising = bqm.spin
+    expected = _default_ising_beta_range(ising.linear, ising.quadratic)
+    np.testing.assert_allclose(_beta_range(bqm), expected, rtol=1e-12)
+    empty = dimod.BinaryQuadraticModel({0: 0.0, 1: 0.0}, {}, 0.0, "BINARY")
+    assert _beta_range(empty) == (0.1, 1.0)
+
+
+def test_annealing_schedule_is_the_default_without_its_hottest_sweeps() -> None:
+    from qubo import annealing_schedule
+    from qubo._solve import _beta_range
+
+    bqm = _random_bqm(np.random.default_rng(7), 15)
+    hot, cold = _beta_range(bqm)
+    default = np.geomspace(hot, cold, 1000)
+    np.testing.assert_array_equal(annealing_schedule(bqm, hot_start=1.0), default)
+    betas = annealing_schedule(bqm, hot_start=16.0)
+    np.testing.assert_array_equal(betas, default[-len(betas) :])
+    assert betas[0] >= 16 * hot and default[-len(betas) - 1] < 16 * hot
+    # What ``solve`` passes: the default's coldest betas from 8 times its hot end on.
+    short = annealing_schedule(bqm)
+    assert short[0] >= 8 * hot and short[-1] == cold and len(betas) < len(short) < 1000
+    with pytest.raises(ValueError, match="hot_start"):
+        annealing_schedule(bqm, hot_start=0.5)
+    with pytest.raises(ValueError, match="num_sweeps"):
+        annealing_schedule(bqm, num_sweeps=1)
+
+
+def test_solve_gives_the_annealer_the_schedule_unless_the_caller_sets_one() -> None:
+    from dwave.samplers import SimulatedAnnealingSampler
+
+    from qubo import annealing_schedule
+
+    calls: list[dict[str, object]] = []
+
+    class Recording(SimulatedAnnealingSampler):  # type: ignore[misc]
+        def sample(self, bqm: dimod.BinaryQuadraticModel, **kwargs: object) -> dimod.SampleSet:
+            calls.append(dict(kwargs, bqm=bqm))
+            return super().sample(bqm, **kwargs)
+
+    rng = np.random.default_rng(2)
+    enc = OneHotEncoding(["a", "b", "c"], [range(4), range(4), range(3)])
+    problem = QUBOProblem(enc)
+    model = _random_model(enc.n_bits, rng)
+    solution = solve(problem, model, sampler=Recording(), seed=3)
+    codes = _codes(enc)
+    assert solution.codes[0].tolist() == codes[np.argmin(model.energy(codes))].tolist()
+    assert calls[0]["beta_schedule_type"] == "custom"
+    expected = annealing_schedule(calls[0]["bqm"])  # type: ignore[arg-type]
+    np.testing.assert_array_equal(calls[0]["beta_schedule"], expected)
+    solve(problem, model, sampler=Recording(), seed=3, sampler_kwargs={"num_sweeps": 200})
+    assert "beta_schedule" not in calls[1] and calls[1]["num_sweeps"] == 200
