@@ -3,20 +3,17 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
-import shutil
 import subprocess
 import sys
 
 import pytest
 
+from optuna_hpcnas.distributed._groups import find_mpirun
+
 
 def mpirun_path() -> str:
     """The ``mpirun`` next to this interpreter (the venv's mpich wheel), else on PATH."""
-    beside = Path(sys.executable).with_name("mpirun")
-    if beside.exists():
-        return str(beside)
-    found = shutil.which("mpirun")
+    found = find_mpirun()
     if found is None:
         pytest.fail("mpirun not found: install the `mpi` extra (mpi4py + mpich)")
     return found

@@ -12,6 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 import logging
 import os
+from pathlib import Path
+import shutil
 import sys
 import threading
 from typing import Any
@@ -51,6 +53,16 @@ def launched_rank_and_size() -> tuple[int, int]:
         if rank_var in os.environ and size_var in os.environ:
             return int(os.environ[rank_var]), int(os.environ[size_var])
     return 0, 1
+
+
+def find_mpirun() -> str | None:
+    """The ``mpirun`` beside this Python (the ``mpich`` wheel of ``optuna-hpcnas[mpi]``), else
+    the first ``mpirun``/``mpiexec`` on ``PATH``; ``None`` when there is none."""
+    beside = Path(sys.executable).parent
+    for name in ("mpirun", "mpiexec"):
+        if (beside / name).is_file() and os.access(beside / name, os.X_OK):
+            return str(beside / name)
+    return shutil.which("mpirun") or shutil.which("mpiexec")
 
 
 @dataclass(frozen=True)

@@ -13,15 +13,15 @@ the setting is ignored.
 from __future__ import annotations
 
 from collections.abc import Sequence
+import importlib.util
 import logging
-import os
-from pathlib import Path
-import shutil
 import signal
 import subprocess
 import sys
+import threading
 from typing import TYPE_CHECKING
 
+from optuna_hpcnas.distributed._groups import find_mpirun
 from optuna_hpcnas.distributed._groups import launched_rank_and_size
 from optuna_hpcnas.run._launch import LaunchError
 from optuna_hpcnas.run._threads import available_cores
@@ -46,16 +46,6 @@ def local_processes(config: RunConfig, *, cores: int | None = None) -> int:
     return max(1, usable // per_rank // group * group)
 
 
-def _mpirun() -> str | None:
-    """The ``mpirun`` beside this Python (the ``mpich`` wheel of ``optuna-hpcnas[mpi]``),
-    else the first ``mpiexec``/``mpirun`` on ``PATH``."""
-    beside = Path(sys.executable).parent
-    for name in ("mpiexec", "mpirun"):
-        if (beside / name).is_file() and os.access(beside / name, os.X_OK):
-            return str(beside / name)
-    return shutil.which("mpiexec") or shutil.which("mpirun")
-
-
 def relaunch_command(config: RunConfig, argv: Sequence[str]) -> list[str] | None:
     """The ``mpirun`` command that runs ``hpcnas ARGV`` on ``local_processes(config)`` ranks,
     or ``None`` when this process runs the search itself (one process asked for, or already
@@ -70,9 +60,7 @@ def relaunch_command(config: RunConfig, argv: Sequence[str]) -> list[str] | None
     n = local_processes(config)
     if n <= 1:
         return None
-    import importlib.util
-
-    mpirun = _mpirun()
+    mpirun = find_mpirun()
     if mpirun is None or importlib.util.find_spec("mpi4py") is None:
         missing = "mpirun" if mpirun is None else "mpi4py"
         if config.distributed.processes == "auto":
@@ -100,17 +88,10 @@ def run_relaunched(command: Sequence[str]) -> int:
         if process.poll() is None:
             process.send_signal(signum)
 
-    import threading
-
     on_main = threading.current_thread() is threading.main_thread()  # handlers live there
     previous = {s: signal.signal(s, forward) for s in _FORWARDED} if on_main else {}
     try:
-        while True:
-            try:
-                status = process.wait()
-                break
-            except KeyboardInterrupt:  # a handler replaced by the caller's: keep waiting
-                continue
+        status = process.wait()
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)

@@ -268,8 +268,9 @@ def hpcnas_command(ranks: int) -> list[str]:
     """``python -m optuna_hpcnas``, or under ``mpirun -n ranks`` (``python -m mpi4py``)."""
     if ranks == 1:
         return [sys.executable, "-m", "optuna_hpcnas"]
-    beside = Path(sys.executable).with_name("mpirun")
-    mpirun = str(beside) if beside.exists() else shutil.which("mpirun")
+    from optuna_hpcnas.distributed._groups import find_mpirun
+
+    mpirun = find_mpirun()
     if mpirun is None:
         raise FileNotFoundError("mpirun not found: install the `mpi` extra (mpi4py + mpich)")
     return [mpirun, "-n", str(ranks), sys.executable, "-m", "mpi4py", "-m", "optuna_hpcnas"]

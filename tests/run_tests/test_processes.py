@@ -45,7 +45,7 @@ def test_a_wrong_value_names_the_key(bad: object) -> None:
 def test_the_command_re_runs_this_command_line_under_mpirun(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(_processes, "_mpirun", lambda: "/opt/mpi/bin/mpiexec")
+    monkeypatch.setattr(_processes, "find_mpirun", lambda: "/opt/mpi/bin/mpiexec")
     argv = ["run", "--config", "nas.toml", "--n-trials", "8"]
     assert relaunch_command(_config(2), argv) == [
         "/opt/mpi/bin/mpiexec", "-n", "2", sys.executable, "-m", "mpi4py", "-m", "optuna_hpcnas",
@@ -60,7 +60,7 @@ def test_the_command_re_runs_this_command_line_under_mpirun(
 def test_without_mpirun_a_number_is_an_error_and_auto_runs_here(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr(_processes, "_mpirun", lambda: None)
+    monkeypatch.setattr(_processes, "find_mpirun", lambda: None)
     monkeypatch.setattr(_processes, "available_cores", lambda: 2)
     with pytest.raises(LaunchError, match=r"processes = 2 needs mpirun.*optuna-hpcnas\[mpi\]"):
         relaunch_command(_config(2), ["run"])
