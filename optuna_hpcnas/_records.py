@@ -116,16 +116,99 @@ def _set_attrs(
         for key, value in system.items():
             storage.set_trial_system_attr(trial_id, key, value)
         return
+    _write_trial_rows(rdb, trial_id, user=user, system=system)
+
+
+def _write_trial_rows(
+    rdb: Any,
+    trial_id: int,
+    *,
+    params: Sequence[tuple[str, float, Any]] = (),
+    known: Mapping[str, Any] | None = None,
+    user: Mapping[str, Any],
+    system: Mapping[str, Any],
+) -> None:
+    """Parameters and attributes of one trial in one transaction: one read of the trial (is it
+    still running?) and one multi-row upsert per attribute table, where Optuna's
+    ``_set_trial_param_without_commit`` and ``_set_trial_attr_without_commit`` read the trial
+    again for every key (two statements each: a dozen round trips per ask and per tell).
+
+    Written by hand because Optuna has no multi-row form; the upserts are Optuna's own
+    (``ON CONFLICT`` on SQLite and PostgreSQL, ``ON DUPLICATE KEY`` on MySQL) with a list of
+    rows, and any other database takes Optuna's path key by key. ``known`` is the study's
+    distribution of each parameter name already seen (Optuna's cache); the others are read
+    and checked for compatibility as Optuna does.
+    """
+    from optuna import distributions
     from optuna.storages._rdb import models
     from optuna.storages._rdb.storage import _create_scoped_session
 
+    known = known or {}
     with _create_scoped_session(rdb.scoped_session, True) as session:
+        trial = models.TrialModel.find_or_raise_by_id(trial_id, session)
+        rdb.check_trial_is_updatable(trial_id, trial.state)
+        for name, value, distribution in params:
+            previous = known.get(name)
+            if previous is None:
+                record = (
+                    session.query(models.TrialParamModel.distribution_json)
+                    .join(models.TrialModel)
+                    .filter(models.TrialModel.study_id == trial.study_id)
+                    .filter(models.TrialParamModel.param_name == name)
+                    .first()
+                )
+                if record is not None:
+                    previous = distributions.json_to_distribution(record[0])
+            if previous is not None:
+                distributions.check_distribution_compatibility(previous, distribution)
+            session.add(
+                models.TrialParamModel(
+                    trial_id=trial_id,
+                    param_name=name,
+                    param_value=value,
+                    distribution_json=distributions.distribution_to_json(distribution),
+                )
+            )
         for model, attrs in (
             (models.TrialUserAttributeModel, user),
             (models.TrialSystemAttributeModel, system),
         ):
-            for key, value in attrs.items():
-                rdb._set_trial_attr_without_commit(session, model, trial_id, key, value)
+            if attrs:
+                _upsert_attrs(rdb, session, model, trial_id, attrs)
+
+
+def _upsert_attrs(
+    rdb: Any, session: Any, model: Any, trial_id: int, attrs: Mapping[str, Any]
+) -> None:
+    """``attrs`` of one trial in one statement (``_write_trial_rows``)."""
+    import sqlite3
+
+    rows = [
+        {"trial_id": trial_id, "key": key, "value_json": json.dumps(value)}
+        for key, value in attrs.items()
+    ]
+    dialect = rdb.engine.name
+    if dialect == "mysql":
+        from sqlalchemy.dialects import mysql
+
+        insert = mysql.insert(model).values(rows)
+        session.execute(insert.on_duplicate_key_update(value_json=insert.inserted.value_json))
+    elif dialect == "postgresql" or (
+        dialect == "sqlite" and sqlite3.sqlite_version_info >= (3, 24)
+    ):
+        from sqlalchemy.dialects import postgresql
+        from sqlalchemy.dialects import sqlite
+
+        insert = (postgresql if dialect == "postgresql" else sqlite).insert(model).values(rows)
+        session.execute(
+            insert.on_conflict_do_update(
+                index_elements=[model.trial_id, model.key],
+                set_={"value_json": insert.excluded.value_json},
+            )
+        )
+    else:
+        for key, value in attrs.items():
+            rdb._set_trial_attr_without_commit(session, model, trial_id, key, value)
 
 
 def suggest_architecture(space: HierarchicalSearchSpace, trial: optuna.Trial) -> Architecture:
@@ -176,20 +259,10 @@ def _write_params_and_attrs(
     params: list[tuple[str, float, Any]],
     user: Mapping[str, Any],
 ) -> None:
-    from optuna.storages._rdb import models
-    from optuna.storages._rdb.storage import _create_scoped_session
-
     # Optuna's cache of each parameter's distribution in the study (as its set_trial_param)
     studies = getattr(trial.storage, "_studies", None)
     known = studies[trial.study._study_id].param_distribution if studies else {}
-    with _create_scoped_session(rdb.scoped_session, True) as session:
-        for name, value, distribution in params:
-            rdb._set_trial_param_without_commit(
-                session, trial._trial_id, name, value, distribution, known.get(name)
-            )
-        for key, value in user.items():
-            model = models.TrialUserAttributeModel
-            rdb._set_trial_attr_without_commit(session, model, trial._trial_id, key, value)
+    _write_trial_rows(rdb, trial._trial_id, params=params, known=known, user=user, system={})
     for name, _, distribution in params:
         known.setdefault(name, distribution)
     trial._cached_frozen_trial.user_attrs.update(user)
@@ -288,8 +361,8 @@ def _pop_claimed(study: optuna.Study, rdb: Any, claim: str) -> int | None:
                 continue
             row.state = TrialState.RUNNING
             row.datetime_start = datetime.datetime.now()
-            model, key = models.TrialSystemAttributeModel, _keys.RUN_CLAIM
-            rdb._set_trial_attr_without_commit(session, model, row.trial_id, key, claim)
+            model = models.TrialSystemAttributeModel
+            _upsert_attrs(rdb, session, model, row.trial_id, {_keys.RUN_CLAIM: claim})
         return candidate._trial_id
     return None
 
@@ -382,12 +455,15 @@ class TellOnce:
         self.values = values
 
     def __call__(self) -> None:
+        # ``study.tell`` without its last step, a second read of the whole trial to return a
+        # copy nobody here reads (six statements on an RDB storage, on the next ask's path)
+        from optuna.study._tell import _tell_with_warning
         from optuna.trial import TrialState
 
-        if self.state == TrialState.COMPLETE:
-            self.study.tell(self.trial, self.values)
+        if self.state == TrialState.COMPLETE:  # as study.tell(trial, values)
+            _tell_with_warning(self.study, self.trial, self.values)
         else:
-            self.study.tell(self.trial, state=self.state)
+            _tell_with_warning(self.study, self.trial, state=self.state)
 
     def recover(self) -> tuple[bool, None]:
         from optuna.exceptions import UpdateFinishedTrialError

@@ -61,16 +61,15 @@ def _recent_trials(
     storage: BaseStorage, study_id: int, trial: FrozenTrial, pending: Iterable[int]
 ) -> list[FrozenTrial]:
     """Trials that may have proposed since ``trial``'s first read: ``pending`` (trial ids that
-    were running then) and every trial numbered after ``trial``."""
-    out = [storage.get_trial(trial_id) for trial_id in pending if trial_id != trial._trial_id]
-    number = trial.number + 1
-    while True:  # a few trials at most: those created while this one was sampling
-        try:
-            trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, number)
-        except KeyError:
-            return out
-        out.append(storage.get_trial(trial_id))
-        number += 1
+    were running then) and every trial numbered after ``trial``. One read of the study (an
+    RDB storage's cache fetches only the unfinished and new trials), not one per trial: a
+    run's budget queues its trials up front, so "numbered after" holds every waiting one."""
+    pending = set(pending)
+    return [
+        t
+        for t in storage.get_all_trials(study_id, deepcopy=False)
+        if t._trial_id != trial._trial_id and (t._trial_id in pending or t.number > trial.number)
+    ]
 
 
 def claim(
