@@ -58,6 +58,9 @@ DISTRIBUTED_UTILISATION = "hpcnas:distributed:utilisation"  # study: per-rank ti
 DISTRIBUTED_GROUP = "hpcnas:distributed:group"  # trial: index of the evaluation group
 DISTRIBUTED_LAYOUT = "hpcnas:distributed:layout"  # trial: "dp x pp on N ranks, engine"
 DISTRIBUTED_INFEASIBLE = "hpcnas:distributed:infeasible"  # trial: why it was not run
+# trial: seconds from the group taking the trial to its result (a trial asked ahead is
+# RUNNING in Optuna from its ask, so datetime_start - datetime_complete overstates it)
+DISTRIBUTED_EVALUATION_SECONDS = "hpcnas:distributed:evaluation_seconds"
 DISTRIBUTED_SYNC_BYTES = "hpcnas:distributed:sync_bytes"  # study: bytes moved by averaging
 
 # QUBOSampler (optuna_hpcnas.samplers.QUBOSampler): trial system attribute with the sampling

@@ -8,6 +8,8 @@ import json
 from typing import Any
 from typing import TYPE_CHECKING
 
+from optuna_hpcnas import _keys
+
 if TYPE_CHECKING:
     import optuna
     from optuna.trial import FrozenTrial
@@ -68,11 +70,7 @@ def study_status(study: optuna.Study) -> dict[str, Any]:
     target = len(trials) if by_state["WAITING"] else None
     starts = [t.datetime_start for t in trials if t.datetime_start is not None]
     ends = [t.datetime_complete for t in finished if t.datetime_complete is not None]
-    durations = [
-        (t.datetime_complete - t.datetime_start).total_seconds()
-        for t in finished
-        if t.datetime_start is not None and t.datetime_complete is not None
-    ]
+    durations = [d for d in map(evaluation_seconds, finished) if d is not None]
     out: dict[str, Any] = {
         "study": study.study_name,
         "directions": [d.name.lower() for d in study.directions],
@@ -108,6 +106,18 @@ def study_status(study: optuna.Study) -> dict[str, Any]:
         else:
             out["pareto_front_trials"] = len(study.best_trials)
     return out
+
+
+def evaluation_seconds(trial: FrozenTrial) -> float | None:
+    """How long ``trial`` was evaluated: the runner's record where it wrote one (a trial asked
+    ahead is RUNNING from its ask, while the trial before it still trains), else Optuna's
+    ``datetime_complete - datetime_start``; ``None`` when unknown."""
+    recorded = trial.system_attrs.get(_keys.DISTRIBUTED_EVALUATION_SECONDS)
+    if isinstance(recorded, (int, float)) and not isinstance(recorded, bool):
+        return float(recorded)
+    if trial.datetime_start is None or trial.datetime_complete is None:
+        return None
+    return (trial.datetime_complete - trial.datetime_start).total_seconds()
 
 
 def best_trials(study: optuna.Study, *, top: int) -> list[FrozenTrial]:

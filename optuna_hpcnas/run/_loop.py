@@ -140,11 +140,18 @@ class GroupLoop:
         link = LeaderLink(taken, self.queue, self.channel, self.group.comm, self.tracker)
         hooks = self.hooks
         watch = hooks.watch(taken.trial) if hooks.watch is not None else contextlib.nullcontext()
+        started = time.monotonic()
         with watch:
             with self.tracker.track("compute"):
                 outcome = self.core.evaluate(taken.arch, link, self.engine, on_step=hooks.on_step)
         engine = "deepspeed" if self.engine.uses_deepspeed(taken.arch) else "plain"
-        told = self.queue.tell(taken, outcome, records=link.take_records(), engine=engine)
+        told = self.queue.tell(
+            taken,
+            outcome,
+            records=link.take_records(),
+            engine=engine,
+            seconds=time.monotonic() - started,
+        )
         if hooks.after_trial is not None:
             with self.channel.leader_section("after the trial"):
                 if hooks.reads_told_trial:

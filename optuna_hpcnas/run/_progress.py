@@ -177,10 +177,11 @@ class ProgressReporter:
 
 
 def _observe(metrics: SearchMetrics, trial: optuna.trial.FrozenTrial) -> None:
-    if trial.datetime_start is None or trial.datetime_complete is None:
-        return
-    seconds = max(0.0, (trial.datetime_complete - trial.datetime_start).total_seconds())
-    metrics.trial_finished(trial.state, seconds, rank=group_of(trial))
+    from optuna_hpcnas._summary import evaluation_seconds
+
+    seconds = evaluation_seconds(trial)
+    if seconds is not None:
+        metrics.trial_finished(trial.state, max(0.0, seconds), rank=group_of(trial))
 
 
 def _best_text(study: optuna.Study) -> str:

@@ -325,15 +325,27 @@ class LeaderQueue:
 
     # ------------------------------------------------------------------ ending a trial
     def tell(
-        self, taken: Taken, outcome: Outcome, *, records: dict[str, Any], engine: str
+        self,
+        taken: Taken,
+        outcome: Outcome,
+        *,
+        records: dict[str, Any],
+        engine: str,
+        seconds: float | None = None,
     ) -> Future[None]:
         """Queue the trial's user attributes ``records``, its group and layout (trained by
-        ``engine``) and its tell; the next ask starts after it."""
+        ``engine``), the ``seconds`` its evaluation took, and its tell; the next ask starts
+        after it."""
         c = taken.arch.cluster
         layout = (
             f"dp{c.data_parallel}xpp{c.pipeline_stages} on {self._group.size} ranks ({engine})"
         )
-        system = {_keys.DISTRIBUTED_GROUP: self._group.index, _keys.DISTRIBUTED_LAYOUT: layout}
+        system: dict[str, Any] = {
+            _keys.DISTRIBUTED_GROUP: self._group.index,
+            _keys.DISTRIBUTED_LAYOUT: layout,
+        }
+        if seconds is not None:
+            system[_keys.DISTRIBUTED_EVALUATION_SECONDS] = round(seconds, 3)
         self._told = self._writes.submit(self._tell, taken.trial, outcome, records, system)
         return self._told
 

@@ -178,6 +178,9 @@ def test_four_rank_search_two_groups_one_study(
         dp = t.params["cluster.data_parallel"]
         engine = "plain" if dp == 1 else "deepspeed"
         assert t.system_attrs[_keys.DISTRIBUTED_LAYOUT] == f"dp{dp}xpp1 on 2 ranks ({engine})"
+        # the evaluation's own time: a trial asked ahead is RUNNING while the one before trains
+        seconds = t.system_attrs[_keys.DISTRIBUTED_EVALUATION_SECONDS]
+        assert 0 < seconds <= (t.datetime_complete - t.datetime_start).total_seconds()
     # utilisation of every rank stored in the study; averaging moved bytes between groups
     attrs = study._storage.get_study_system_attrs(study._study_id)
     runs = json.loads(attrs[_keys.DISTRIBUTED_UTILISATION])

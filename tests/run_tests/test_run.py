@@ -47,6 +47,7 @@ def test_single_process_search_offers_only_layouts_it_can_run(tmp_path: Path) ->
         assert "cluster.data_parallel" not in t.params
         assert _keys.DISTRIBUTED_INFEASIBLE not in t.system_attrs
         assert t.system_attrs[_keys.DISTRIBUTED_LAYOUT] == "dp1xpp1 on 1 ranks (plain)"
+        assert t.system_attrs[_keys.DISTRIBUTED_EVALUATION_SECONDS] > 0
         # the core's records: costs, inherited score, every epoch reported
         ua = t.user_attrs
         assert ua["flops"] > 0 and ua["params"] > 0 and 0 <= ua["inherited_accuracy"] <= 1
