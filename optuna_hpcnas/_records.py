@@ -109,7 +109,7 @@ def set_trial_system_attrs(storage: Any, trial_id: int, system: Mapping[str, Any
 def _set_attrs(
     storage: Any, trial_id: int, *, user: Mapping[str, Any], system: Mapping[str, Any]
 ) -> None:
-    rdb = _rdb_storage(storage)
+    rdb = rdb_backend(storage)
     if rdb is None:
         for key, value in user.items():
             storage.set_trial_user_attr(trial_id, key, value)
@@ -218,7 +218,7 @@ def suggest_architecture(space: HierarchicalSearchSpace, trial: optuna.Trial) ->
     to a server or a turn of SQLite's one write lock); elsewhere one write each, as they come.
     A trial finished meanwhile (another worker's sweep) raises ``UpdateFinishedTrialError``
     there and nothing of it is written."""
-    rdb = _rdb_storage(trial.storage)
+    rdb = rdb_backend(trial.storage)
     if rdb is None:
         arch = space.suggest(trial)
         record_architecture(trial, arch)
@@ -268,7 +268,7 @@ def _write_params_and_attrs(
     trial._cached_frozen_trial.user_attrs.update(user)
 
 
-def _rdb_storage(storage: Any) -> Any:
+def rdb_backend(storage: Any) -> Any:
     """The ``RDBStorage`` behind ``storage`` (Optuna wraps it in a cache), else ``None``."""
     from optuna.storages import RDBStorage
 
@@ -332,7 +332,7 @@ def pop_waiting_trial(study: optuna.Study, claim: str | None = None) -> optuna.T
     import optuna
 
     study._thread_local.cached_all_trials = None
-    rdb = _rdb_storage(study._storage)
+    rdb = rdb_backend(study._storage)
     if claim is None or rdb is None:
         trial_id = study._pop_waiting_trial_id()
     else:
@@ -374,7 +374,7 @@ def claimed_trial_id(study: optuna.Study, claim: str, owned_before: int | None) 
     (the journal records which worker's write took a trial); others: ``None``."""
     from optuna.trial import TrialState
 
-    rdb = _rdb_storage(study._storage)
+    rdb = rdb_backend(study._storage)
     if rdb is None:
         owned = journal_owned_trial(study, sync=True)
         if owned is None or owned == owned_before:
@@ -504,7 +504,7 @@ def _forget_heartbeat(trial: optuna.Trial) -> None:
     next worker to pop the trial would race every other worker's sweep until its first
     heartbeat, and lose the trial when a sweep came first.
     """
-    rdb = _rdb_storage(trial.storage)
+    rdb = rdb_backend(trial.storage)
     if rdb is None:
         return
     from optuna.storages._rdb import models
@@ -664,7 +664,7 @@ def fail_with_retry(
     from optuna.storages._rdb.storage import _create_scoped_session
     from optuna.trial import TrialState
 
-    rdb = _rdb_storage(storage)
+    rdb = rdb_backend(storage)
     if rdb is None:
         raise TypeError(f"`storage` is {storage!r}, but must be an RDB storage.")
     system = models.TrialSystemAttributeModel

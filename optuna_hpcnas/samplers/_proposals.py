@@ -57,18 +57,37 @@ def trial_params(trial: FrozenTrial) -> dict[str, Any]:
     return params
 
 
+# Trials created after the asking one that a claim's check reads one at a time before it
+# reads the study once instead (a run's budget queues all its trials up front).
+_WALK = 8
+
+
 def _recent_trials(
     storage: BaseStorage, study_id: int, trial: FrozenTrial, pending: Iterable[int]
 ) -> list[FrozenTrial]:
     """Trials that may have proposed since ``trial``'s first read: ``pending`` (trial ids that
-    were running then) and every trial numbered after ``trial``. One read of the study (an
-    RDB storage's cache fetches only the unfinished and new trials), not one per trial: a
-    run's budget queues its trials up front, so "numbered after" holds every waiting one."""
-    pending = set(pending)
+    were running then) and every trial numbered after ``trial``.
+
+    On an RDB storage one read of the study (its cache fetches only the unfinished and new
+    rows; one trial read alone costs as many statements). Elsewhere the trials after
+    ``trial`` one by one, usually none or a few created meanwhile, and one read of the study
+    past ``_WALK`` of them, so an ask never costs a call per queued trial."""
+    from optuna_hpcnas._records import rdb_backend
+
+    pending = list(pending)
+    if rdb_backend(storage) is None:
+        out = [storage.get_trial(trial_id) for trial_id in pending if trial_id != trial._trial_id]
+        for number in range(trial.number + 1, trial.number + 1 + _WALK):
+            try:
+                trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, number)
+            except KeyError:
+                return out
+            out.append(storage.get_trial(trial_id))
+    ids = set(pending)
     return [
         t
         for t in storage.get_all_trials(study_id, deepcopy=False)
-        if t._trial_id != trial._trial_id and (t._trial_id in pending or t.number > trial.number)
+        if t._trial_id != trial._trial_id and (t._trial_id in ids or t.number > trial.number)
     ]
 
 

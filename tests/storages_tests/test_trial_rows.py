@@ -53,7 +53,7 @@ def test_a_finished_trial_takes_none_of_the_rows(storage_url: str) -> None:
 def test_parameters_keep_optunas_distribution_check(storage_url: str) -> None:
     study = optuna.create_study(storage=storage_url)
     study.ask().suggest_categorical("op", ["conv", "pool"])
-    rdb = _records._rdb_storage(study._storage)
+    rdb = _records.rdb_backend(study._storage)
     trial = study.ask()
     clash = CategoricalDistribution(["attention"])
     with pytest.raises(ValueError, match="dynamic value space"):
@@ -107,3 +107,36 @@ def test_an_ask_reads_the_queued_budget_once(tmp_path: Path, statements: list[st
     large = _ask_statements(tmp_path, 60, statements)
     assert large == small
     assert small <= 30
+
+
+def test_other_storages_read_a_few_later_trials_then_the_study(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from optuna_hpcnas.samplers import _proposals
+
+    study = optuna.create_study()  # in memory: trials after the asked one are read one by one
+    _records.add_budget(study, 40)
+    trial = _records.pop_waiting_trial(study)
+    assert trial is not None
+    storage = study._storage
+    reads = {"one": 0, "all": 0}
+    get_trial, get_all = storage.get_trial, storage.get_all_trials
+
+    def one(trial_id: int) -> object:
+        reads["one"] += 1
+        return get_trial(trial_id)
+
+    def every(*args: object, **kwargs: object) -> object:
+        reads["all"] += 1
+        return get_all(*args, **kwargs)
+
+    monkeypatch.setattr(storage, "get_trial", one)
+    monkeypatch.setattr(storage, "get_all_trials", every)
+    frozen = get_trial(trial._trial_id)
+    later = _proposals._recent_trials(storage, study._study_id, frozen, [])
+    assert len(later) == 39  # every queued trial is checked ...
+    assert reads == {"one": _proposals._WALK, "all": 1}  # ... in a bounded number of reads
+    last = get_trial(get_all(study._study_id)[-1]._trial_id)
+    reads.update(one=0, all=0)
+    assert _proposals._recent_trials(storage, study._study_id, last, []) == []
+    assert reads == {"one": 0, "all": 0}  # nothing after it: nothing read
