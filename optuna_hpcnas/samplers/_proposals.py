@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 from optuna.trial import TrialState
 
 from optuna_hpcnas import _keys
+from optuna_hpcnas._records import rdb_backend
 
 if TYPE_CHECKING:
     from optuna.distributions import BaseDistribution
@@ -72,8 +73,6 @@ def _recent_trials(
     rows; one trial read alone costs as many statements). Elsewhere the trials after
     ``trial`` one by one, usually none or a few created meanwhile, and one read of the study
     past ``_WALK`` of them, so an ask never costs a call per queued trial."""
-    from optuna_hpcnas._records import rdb_backend
-
     pending = list(pending)
     if rdb_backend(storage) is None:
         out = [storage.get_trial(trial_id) for trial_id in pending if trial_id != trial._trial_id]
