@@ -75,13 +75,14 @@ def _recent_trials(
     past ``_WALK`` of them, so an ask never costs a call per queued trial."""
     pending = list(pending)
     if rdb_backend(storage) is None:
-        out = [storage.get_trial(trial_id) for trial_id in pending if trial_id != trial._trial_id]
+        later: list[FrozenTrial] = []
         for number in range(trial.number + 1, trial.number + 1 + _WALK):
             try:
                 trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, number)
-            except KeyError:
-                return out
-            out.append(storage.get_trial(trial_id))
+            except KeyError:  # the walk ended: the pending ones are read alone too
+                mine = trial._trial_id
+                return [storage.get_trial(i) for i in pending if i != mine] + later
+            later.append(storage.get_trial(trial_id))
     ids = set(pending)
     return [
         t
