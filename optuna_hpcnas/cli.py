@@ -1015,7 +1015,13 @@ def _dispatch(args: argparse.Namespace) -> int:
     try:
         return commands[args.command](args)
     except CLIError as e:
-        print(f"hpcnas {args.command}: error: {mask_url(str(e))}", file=sys.stderr)
+        if rank == 0:  # every rank of a job raises the same error: one line
+            print(f"hpcnas {args.command}: error: {mask_url(str(e))}", file=sys.stderr)
+        if args.command in ("run", "resume") and launched_rank_and_size()[1] > 1:
+            from optuna_hpcnas.distributed import finalize_mpi
+
+            sys.stderr.flush()
+            finalize_mpi(2)  # exit 2 on every rank, not python -m mpi4py's MPI_Abort
         return 2
     except KeyboardInterrupt:
         print("hpcnas: interrupted", file=sys.stderr)

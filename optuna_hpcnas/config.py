@@ -438,10 +438,16 @@ class RunConfig:
                 "directions out."
             )
 
-    def enqueued_params(self) -> list[dict[str, Any]]:
+    def enqueued_params(self, searched: Any = None) -> list[dict[str, Any]]:
         """``[study] enqueue`` as Optuna parameters, checked against the space: the first
         trials of a new study (``study.enqueue_trial``). A name is one of the preset's
-        published models (``optuna_hpcnas.search_space.reference_models``)."""
+        published models (``optuna_hpcnas.search_space.reference_models``).
+
+        ``searched``: the space the run searches, when the data's shape left choices out of
+        ``[space]`` (``fit_to_input``): models outside it are skipped, each logged.
+        """
+        import logging
+
         from optuna_hpcnas.search_space import reference_models
 
         if not self.study.enqueue:
@@ -465,6 +471,13 @@ class RunConfig:
                 space.from_params(params)
             except ValueError as e:
                 raise ConfigError(f"[study] enqueue: {entry!r}: {e}") from None
+            if searched is not None and not _fits(searched, params):
+                logging.getLogger(__name__).info(
+                    "[study] enqueue: %r is left out: the data's shape rules out one of its "
+                    "choices.",
+                    entry if isinstance(entry, str) else params,
+                )
+                continue
             resolved.append(dict(params))
         return resolved
 
@@ -474,6 +487,14 @@ class RunConfig:
         if self.study.directions is not None:
             return list(self.study.directions)
         return [OBJECTIVE_DIRECTIONS[name] for name in self.objective.objectives]
+
+
+def _fits(space: Any, params: Mapping[str, Any]) -> bool:
+    try:
+        space.from_params(params)
+    except ValueError:
+        return False
+    return True
 
 
 def _section_classes() -> dict[str, Any]:

@@ -192,12 +192,18 @@ def iterate_batches(
     shuffle: bool = False,
     generator: torch.Generator | None = None,
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """``(x, y)`` batches of ``dataset``; tensor slices for a ``TensorDataset``."""
+    """``(x, y)`` batches of ``dataset``; tensor slices for a ``TensorDataset``.
+
+    Shuffled (training) passes leave out a last batch of one sample when the set has more:
+    BatchNorm cannot normalise a single value per channel, and the sample is one drawn at
+    random, seen in the next pass.
+    """
+    n = len(dataset)  # type: ignore[arg-type]
+    lone = shuffle and n > 1 and n % batch_size == 1
     if isinstance(dataset, TensorDataset) and len(dataset.tensors) == 2:
         x, y = dataset.tensors
-        n = len(x)
         order = torch.randperm(n, generator=generator) if shuffle else None
-        for start in range(0, n, batch_size):
+        for start in range(0, n - 1 if lone else n, batch_size):
             if order is None:
                 yield x[start : start + batch_size], y[start : start + batch_size]
             else:
@@ -205,5 +211,7 @@ def iterate_batches(
                 yield x[idx], y[idx]
         return
     loader = DataLoader(dataset, batch_size=batch_size, shuffle=shuffle, generator=generator)
-    for x, y in loader:
+    for b, (x, y) in enumerate(loader):
+        if lone and b * batch_size == n - 1:
+            return
         yield x.float(), y.long()

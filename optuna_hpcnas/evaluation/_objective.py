@@ -10,6 +10,7 @@ what Optuna expects (values, ``TrialPruned``, or a failed trial with its ``fail_
 from __future__ import annotations
 
 from collections.abc import Mapping
+import logging
 from typing import Any
 
 import optuna
@@ -23,11 +24,14 @@ from optuna_hpcnas.evaluation._core import OptunaTrialLink
 from optuna_hpcnas.evaluation._core import TrialEvaluator
 from optuna_hpcnas.evaluation._core import TrialPlan
 from optuna_hpcnas.pruners import StagePlan
+from optuna_hpcnas.search_space import fit_to_input
 from optuna_hpcnas.search_space import HierarchicalSearchSpace
 from optuna_hpcnas.supernet import SuperNet
 from optuna_hpcnas.supernet import SupernetTrainer
 from optuna_hpcnas.supernet import SupernetTrainingConfig
 from optuna_hpcnas.supernet._supernet import check_input_shape
+
+_logger = logging.getLogger(__name__)
 
 
 class SupernetObjective:
@@ -41,7 +45,9 @@ class SupernetObjective:
     The supernet itself is not changed by fine-tuning.
 
     Args:
-        space: The search space.
+        space: The search space; the choices the data's sample shape rules out are left out
+            (``optuna_hpcnas.search_space.fit_to_input``, each logged) unless ``supernet`` is
+            given. ``self.space`` is the space searched.
         data: The task (train / valid / test); its shape is checked against the space here.
         supernet: A trained supernet; a new one (trained with ``train_supernet``) if ``None``.
         training: Supernet training options.
@@ -93,6 +99,11 @@ class SupernetObjective:
             )
         check_input_shape(space.domain, data.input_shape)
         data.check()
+        if supernet is None:
+            fit = fit_to_input(space, data.input_shape)
+            for note in fit.notes:
+                _logger.info(note)
+            space = fit.space
         self.space = space
         self.data = data
         self.config = _as(config, ObjectiveConfig)

@@ -22,6 +22,7 @@ from typing import TypeVar
 from optuna_hpcnas.distributed import GroupError
 from optuna_hpcnas.distributed._groups import world_comm
 from optuna_hpcnas.run._search import run_search
+from optuna_hpcnas.run._setup import SetupError
 from optuna_hpcnas.storages import EXIT_STORAGE_UNAVAILABLE
 from optuna_hpcnas.storages import mask_url
 from optuna_hpcnas.storages import open_storage
@@ -117,6 +118,8 @@ def launch(config: RunConfig, *, resume: bool, progress: bool = True) -> Launche
                 raise
             raise StorageLost(_resume_hint(e.leader_message)) from None
         except StorageError as e:  # e.g. checkpoints on a journal without an artifact store
+            raise LaunchError(str(e)) from None
+        except SetupError as e:  # the same line on every rank
             raise LaunchError(str(e)) from None
         except Exception as e:
             _raise_if_out_of_space(e, "the search stopped", "run `hpcnas resume`")

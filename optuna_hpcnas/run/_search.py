@@ -27,6 +27,7 @@ from optuna_hpcnas.run._calls import StudyCalls
 from optuna_hpcnas.run._loop import GroupLoop
 from optuna_hpcnas.run._loop import LoopHooks
 from optuna_hpcnas.run._queue import LeaderQueue
+from optuna_hpcnas.run._setup import agreed
 from optuna_hpcnas.run._study import open_study
 from optuna_hpcnas.run._threads import configure_threads
 from optuna_hpcnas.storages import quiet_disconnect_warnings
@@ -144,10 +145,15 @@ def _run(
     if device == "cuda":  # one GPU per rank of a node
         torch.cuda.set_device(group.context.local_rank % torch.cuda.device_count())
     with tracker.track("setup"):
-        data = data if data is not None else config.data.load()
-        objective = build_objective(config, space, data, device)
+        task = data if data is not None else config.data.load()
+        objective = agreed(
+            comm,
+            "cannot build the search for this data",
+            lambda: build_objective(config, space, task, device),
+        )
+    space = objective.space  # without what the data's shape rules out
     with tracker.track("storage"):
-        study = open_study(config, comm, group, resume=resume)
+        study = open_study(config, comm, group, resume=resume, space=space)
     calls = StudyCalls(study, config) if study is not None else None  # leaders
     checkpoints = _checkpoints(config, comm, group, calls, objective)
     queue = None
@@ -163,9 +169,16 @@ def _run(
         )
         queue.prefetch()  # asking ahead: the first ask overlaps the warm-up
     try:
-        if calls is not None:
-            with tracker.track("compute"):
-                _warm_up(config, objective, checkpoints, comm.Get_rank())
+        with tracker.track("compute"):
+            agreed(
+                comm,
+                "the supernet warm-up failed",
+                lambda: (
+                    _warm_up(config, objective, checkpoints, comm.Get_rank())
+                    if calls is not None
+                    else None
+                ),
+            )
         averager = _averager(config, group, objective, tracker)
         batch = config.objective.batch_size
         engine = GroupEngine(group, config.distributed, device, batch_size=batch)

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from optuna_hpcnas.config import RunConfig
     from optuna_hpcnas.distributed import Comm
     from optuna_hpcnas.distributed import EvaluationGroup
+    from optuna_hpcnas.search_space import HierarchicalSearchSpace
 
 _logger = logging.getLogger(__name__)
 
@@ -62,10 +63,16 @@ def recover_dead_trials(study: optuna.Study, config: RunConfig) -> None:
 
 
 def open_study(
-    config: RunConfig, comm: Comm, group: EvaluationGroup, *, resume: bool = False
+    config: RunConfig,
+    comm: Comm,
+    group: EvaluationGroup,
+    *,
+    resume: bool = False,
+    space: HierarchicalSearchSpace | None = None,
 ) -> optuna.Study | None:
     """Collective over ``comm``: the study on every group leader (``None`` elsewhere).
-    ``resume``: the budget is not added to (``queue_budget``).
+    ``resume``: the budget is not added to (``queue_budget``). ``space``: the space searched
+    (fitted to the data), which ``[study] enqueue``'s models must belong to.
 
     Only world rank 0 opens the storage first (an RDB storage creates its schema on first
     open, and concurrent creations collide); the other leaders open it once it exists.
@@ -77,7 +84,13 @@ def open_study(
     error: str | None = None
     if comm.Get_rank() == 0:
         try:
-            study = _create(config, _storage(url, config), seed_offset=group.index, resume=resume)
+            study = _create(
+                config,
+                _storage(url, config),
+                seed_offset=group.index,
+                resume=resume,
+                space=space,
+            )
         except Exception as e:  # every rank must learn it, or they wait forever
             error = f"{type(e).__name__}: {e}"
             raise
@@ -103,6 +116,7 @@ def _create(
     *,
     seed_offset: int,
     resume: bool,
+    space: HierarchicalSearchSpace | None,
 ) -> optuna.Study:
     import optuna
 
@@ -117,11 +131,17 @@ def _create(
     if len(config.directions) > 1 or config.objective.objectives != ("accuracy",):
         study.set_metric_names(list(config.objective.objectives))
     _records.record_run_data(study, config.data.to_dict())
-    queue_budget(study, config, resume=resume)
+    queue_budget(study, config, resume=resume, space=space)
     return study
 
 
-def queue_budget(study: optuna.Study, config: RunConfig, *, resume: bool = False) -> None:
+def queue_budget(
+    study: optuna.Study,
+    config: RunConfig,
+    *,
+    resume: bool = False,
+    space: HierarchicalSearchSpace | None = None,
+) -> None:
     """Queue the run's budget, or resume an interrupted run's queue without adding to it.
 
     The budget's total is recorded in the study (``hpcnas:run:budget``) before its first trial
@@ -136,7 +156,7 @@ def queue_budget(study: optuna.Study, config: RunConfig, *, resume: bool = False
     n_trials = config.study.n_trials
     new_study = not study.get_trials(deepcopy=False)
     if n_trials is None:
-        for params in config.enqueued_params() if new_study else []:
+        for params in config.enqueued_params(space) if new_study else []:
             study.enqueue_trial(params)  # a timeout-only run starts with ``[study] enqueue``
         return
     waiting = len(study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
@@ -152,7 +172,8 @@ def queue_budget(study: optuna.Study, config: RunConfig, *, resume: bool = False
     new = max(0, n_trials - waiting)
     _records.record_budget(study, _records.queued_budget(study) + new)
     # A new study's first budget trials are ``[study] enqueue``'s architectures.
-    _records.add_budget(study, new, fixed=config.enqueued_params()[:new] if new_study else ())
+    fixed = config.enqueued_params(space)[:new] if new_study else []
+    _records.add_budget(study, new, fixed=fixed)
 
 
 def _fill_budget(study: optuna.Study) -> int:

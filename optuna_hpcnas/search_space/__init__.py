@@ -5,6 +5,11 @@ from __future__ import annotations
 from optuna_hpcnas.search_space._architecture import Architecture
 from optuna_hpcnas.search_space._architecture import CellConfig
 from optuna_hpcnas.search_space._architecture import ClusterConfig
+from optuna_hpcnas.search_space._input_fit import fit_to_input
+from optuna_hpcnas.search_space._input_fit import InputFit
+from optuna_hpcnas.search_space._input_fit import MAX_POSITIONS
+from optuna_hpcnas.search_space._input_fit import pooling_factor
+from optuna_hpcnas.search_space._input_fit import stem_positions
 from optuna_hpcnas.search_space._operators import OperatorRegistry
 from optuna_hpcnas.search_space._operators import OperatorSpec
 from optuna_hpcnas.search_space._presets import reference_models
@@ -23,13 +28,18 @@ __all__ = [
     "ClusterConfig",
     "Decision",
     "HierarchicalSearchSpace",
+    "InputFit",
     "Level",
+    "MAX_POSITIONS",
     "OperatorRegistry",
     "OperatorSpec",
     "SIGNAL_1D_BASELINES",
     "SIGNAL_1D_PAPER_MODELS",
     "TargetProfile",
+    "fit_to_input",
+    "pooling_factor",
     "reference_models",
+    "stem_positions",
     "target_names",
     "target_profile",
 ]

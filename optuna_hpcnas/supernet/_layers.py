@@ -23,6 +23,8 @@ from torch import nn
 import torch.nn.functional as F
 
 from optuna_hpcnas.search_space import CellConfig
+from optuna_hpcnas.search_space import pooling_factor
+from optuna_hpcnas.search_space import stem_positions
 from optuna_hpcnas.supernet._ops import _copy_bn
 from optuna_hpcnas.supernet._ops import _copy_ln
 from optuna_hpcnas.supernet._ops import IMAGE
@@ -67,6 +69,9 @@ class Stem(nn.Module):
     * ``"embed"`` (sequences): a linear embedding to ``channels`` plus learned positions;
     * ``"none"`` (sequences): the sample itself, ``(L, F)``;
     * ``"flatten"`` (sequences): every position as one token, ``(1, L * F)``.
+
+    A sequence longer than ``MAX_POSITIONS`` is first averaged over windows of
+    ``pooling_factor(L)`` positions (``optuna_hpcnas.search_space.fit_to_input``).
     """
 
     def __init__(
@@ -76,12 +81,13 @@ class Stem(nn.Module):
         self.domain = domain
         self.kind = kind or ("conv" if domain == IMAGE else "embed")
         self.input_shape = tuple(int(s) for s in input_shape)
+        self.pool = pooling_factor(self.input_shape[0]) if domain != IMAGE else 1
         if self.kind == "conv":
             self.conv = nn.Conv2d(self.input_shape[0], channels, 3, padding=1, bias=False)
             nn.init.kaiming_normal_(self.conv.weight, mode="fan_in", nonlinearity="relu")
             self.bn = nn.BatchNorm2d(channels)
         elif self.kind == "embed":
-            length, features = self.input_shape
+            length, features = stem_positions(self.input_shape[0]), self.input_shape[1]
             self.embed = nn.Linear(features, channels)
             self.position = nn.Parameter(torch.randn(length, channels) * 0.02)
         elif self.kind not in ("none", "flatten"):
@@ -90,7 +96,7 @@ class Stem(nn.Module):
     @staticmethod
     def out_shape(input_shape: Sequence[int], channels: int, kind: str | None) -> tuple[int, int]:
         """``(positions, width)`` of a sequence stem's output."""
-        length, features = (int(s) for s in input_shape)
+        length, features = stem_positions(int(input_shape[0])), int(input_shape[1])
         if kind == "none":
             return length, features
         if kind == "flatten":
@@ -100,6 +106,8 @@ class Stem(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.kind == "conv":
             return F.relu(self.bn(self.conv(x)))
+        if self.pool > 1:
+            x = F.avg_pool1d(x.transpose(1, 2), self.pool, ceil_mode=True).transpose(1, 2)
         if self.kind == "embed":
             return self.embed(x) + self.position
         if self.kind == "flatten":

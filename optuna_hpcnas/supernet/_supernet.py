@@ -23,6 +23,7 @@ from torch import nn
 from optuna_hpcnas.search_space import Architecture
 from optuna_hpcnas.search_space import ClusterConfig
 from optuna_hpcnas.search_space import HierarchicalSearchSpace
+from optuna_hpcnas.search_space._input_fit import FLATTEN_STEM_FACTOR
 from optuna_hpcnas.supernet._layers import CellLayer
 from optuna_hpcnas.supernet._layers import DenseProjection
 from optuna_hpcnas.supernet._layers import FlattenHead
@@ -160,11 +161,12 @@ class SuperNet(nn.Module):
             else Stem.out_shape(self.input_shape, self.channels, kind)[1]
             for kind in space.stems
         }
-        if "flatten" in space.stems and self.channels > 4 * int(max(definition["widths"])):
+        widest = int(max(definition["widths"]))
+        if "flatten" in space.stems and self.channels > FLATTEN_STEM_FACTOR * widest:
             raise ValueError(
                 f"The flatten stem makes {self.channels} features of a {self.input_shape} "
-                f"sample, more than 4x the widest cell ({max(definition['widths'])}): leave "
-                "'flatten' out of `stems` for samples this large."
+                f"sample, more than the widest cell ({widest}): leave 'flatten' out of "
+                "`stems` for samples this large (``fit_to_input`` does)."
             )
 
     def _build_stem(self, kind: str | None) -> Stem:
