@@ -9,6 +9,12 @@ from typing import Any
 import numpy as np
 
 
+def steps_per_pass(data: Any, batch_size: int) -> int:
+    """Optimisation steps of one pass over ``data``'s training split at ``batch_size``
+    (an old budget of E epochs is E times this many steps)."""
+    return math.ceil(len(data.train) / batch_size)
+
+
 def sample_architectures(space: Any, n: int, seed: int) -> list[Any]:
     """``n`` distinct architectures drawn uniformly with ``seed``; the whole space, in
     enumeration order, when ``n`` is at least its size."""
@@ -64,9 +70,10 @@ def train_supernet(
 class FineTuning:
     """Stage-by-stage fine-tuning of one candidate (inherited weights) with Adam.
 
-    One optimizer and one batch-order generator live across the stages, so a promoted
-    candidate continues where its last stage ended. Every candidate sees the same batch order
-    for a given ``seed`` (common random numbers).
+    One optimizer and one endless stream of shuffled batches live across the stages, so a
+    promoted candidate continues where its last stage ended (mid-pass when a stage's steps
+    are not whole passes). Every candidate sees the same batch order for a given ``seed``
+    (common random numbers).
     """
 
     def __init__(self, model: Any, data: Any, *, seed: int, batch_size: int = 32) -> None:
@@ -75,30 +82,26 @@ class FineTuning:
         self.model = model
         self.data = data
         self.batch_size = batch_size
-        self.optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
-        self.generator = torch.Generator().manual_seed(seed)
+        from optuna_hpcnas.data import stream_batches
 
-    def stage(self, epochs: int, lr: float, *, anneal: bool) -> tuple[float, float]:
-        """``epochs`` epochs at ``lr``; ``anneal``: the lr falls to 0 on a cosine with weight
-        decay 1e-4 (the stand-alone recipe). Returns (valid accuracy, valid log-loss)."""
-        from optuna_hpcnas.data import iterate_batches
+        self.optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+        generator = torch.Generator().manual_seed(seed)
+        self.batches = stream_batches(data.train, batch_size, generator=generator)
+
+    def stage(self, steps: int, lr: float, *, anneal: bool) -> tuple[float, float]:
+        """``steps`` optimisation steps at ``lr``; ``anneal``: the lr falls to 0 on a cosine
+        with weight decay 1e-4 (the stand-alone recipe). Returns (valid accuracy, valid
+        log-loss)."""
         from optuna_hpcnas.evaluation import evaluate
         from optuna_hpcnas.supernet import train_step
 
         for group in self.optimizer.param_groups:
             group["lr"] = lr
             group["weight_decay"] = 1e-4 if anneal else 0.0
-        steps = epochs * math.ceil(len(self.data.train) / self.batch_size)
-        step = 0
-        for _ in range(epochs):
-            self.model.train()
-            batches = iterate_batches(
-                self.data.train, self.batch_size, shuffle=True, generator=self.generator
-            )
-            for x, y in batches:
-                if anneal:
-                    for group in self.optimizer.param_groups:
-                        group["lr"] = 0.5 * lr * (1.0 + math.cos(math.pi * step / steps))
-                train_step(self.model, self.optimizer, x, y, [None], grad_clip=5.0)
-                step += 1
+        self.model.train()
+        for step, (x, y) in zip(range(steps), self.batches):
+            if anneal:
+                for group in self.optimizer.param_groups:
+                    group["lr"] = 0.5 * lr * (1.0 + math.cos(math.pi * step / max(steps, 1)))
+            train_step(self.model, self.optimizer, x, y, [None], grad_clip=5.0)
         return evaluate(self.model, self.data.valid)

@@ -46,9 +46,10 @@ seed = 0
 name = "none"
 [stages]
 stages = [
-    {{ name = "quick", epochs = 1, lr = 1e-3 }},
-    {{ name = "medium", epochs = 2, lr = 1e-2 }},
+    {{ name = "quick", steps = {quick}, lr = 1e-3 }},
+    {{ name = "medium", steps = {medium}, lr = 1e-2 }},
 ]
+eval_every = {quick}
 [training]
 epochs = 1
 warmup_max_batches = 4
@@ -56,7 +57,6 @@ paths_per_batch = 2
 [objective]
 optimizer = "adam"
 batch_size = 32
-max_batches_per_epoch = {steps}
 population_steps = {supernet_steps}
 latency_repeats = 2
 [distributed]
@@ -71,11 +71,22 @@ def mpirun() -> str:
     return str(beside) if beside.exists() else "mpirun"
 
 
+def steps_per_pass(cap: int) -> int:
+    """Fine-tuning steps of one pass over digits' training images at batch 32 (34), at most
+    ``cap``: the quick stage has one pass, the medium stage two."""
+    import math
+
+    from optuna_hpcnas.data import load_digits_task
+
+    return min(cap, math.ceil(load_digits_task().sizes[0] / 32))
+
+
 def write_config(
     path: Path, n_trials: int, steps: int, ask_ahead: str, starter: bool, storage: str
 ) -> str:
     """The bench's config, or ``hpcnas init``'s starter config (``--config starter``) with
-    the study, budget and ``ask_ahead`` of this run; returns the study name."""
+    the study, budget and ``ask_ahead`` of this run; returns the study name. ``steps`` caps
+    the fine-tuning steps of a pass (``steps_per_pass``)."""
     if starter:
         import tomli_w
 
@@ -86,10 +97,12 @@ def write_config(
         data.setdefault("distributed", {})["ask_ahead"] = ask_ahead
         path.write_text(tomli_w.dumps(data))
     else:
+        per_pass = steps_per_pass(steps)
         text = CONFIG.format(
             storage=storage,
             n_trials=n_trials,
-            steps=steps,
+            quick=per_pass,
+            medium=2 * per_pass,
             supernet_steps=steps // 2,
             ask_ahead=ask_ahead,
         )
@@ -138,7 +151,13 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--trials-per-rank", type=int, default=6)
-    parser.add_argument("--steps", type=int, default=40, help="optimizer steps per epoch")
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=40,
+        help="cap on the fine-tuning steps of a pass over the training images (34 at batch "
+        "32): the quick stage has one pass, the medium stage two; population steps: half",
+    )
     parser.add_argument(
         "--ask-ahead", default="auto", choices=("auto", "on", "off"), help="[distributed]"
     )
@@ -147,7 +166,7 @@ def main() -> None:
         default="bench",
         choices=("bench", "starter"),
         help="this bench's config, or the `hpcnas init` starter config (staged pruner, "
-        "evolutionary sampler, 1-epoch quick stage)",
+        "evolutionary sampler, 34-step quick stage)",
     )
     parser.add_argument("--storage", default="", help="a server URL (default: SQLite files)")
     args = parser.parse_args()
@@ -159,7 +178,7 @@ def main() -> None:
     what = (
         "the `hpcnas init` starter config"
         if args.config == "starter"
-        else f"{args.steps} steps x 3 epochs/trial"
+        else f"{3 * steps_per_pass(args.steps)} fine-tuning steps/trial"
     )
     where = storage_name(args.storage)
     print(f"digits-small search, {os.cpu_count()} CPU cores, {what}, {where}\n")

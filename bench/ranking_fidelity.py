@@ -2,19 +2,22 @@
 
 The candidates: ``--archs`` architectures drawn uniformly plus the search's top ``--top``
 (the best inherited scores of the plain supernet among ``--pool`` more draws: the region a
-search ends in). The ground truth: each candidate trained alone from scratch with
-``--gt-seeds`` seeds (``train_from_scratch``: Adam lr 2e-2, cosine, weight decay 1e-4; digits
-5 epochs at batch 32, MNIST-1D 2 epochs at batch 64, enough to separate the families), the
-mean validation log-loss. Candidates and ground truth are cached under ``bench/results/``
-(ignored by git) so every remedy is ranked against the same truth; the noise ceiling is one
-seed's tau against the mean of the others.
+search ends in). The ground truth: each candidate trained alone from scratch on the training
+split with ``--gt-seeds`` seeds (``train_from_scratch``: Adam lr 2e-2, cosine, weight decay
+1e-4; digits 170 steps at batch 32, MNIST-1D 100 steps at batch 64: 5 and 2 passes over the
+training split, enough to separate the families), the mean validation log-loss. Candidates
+and ground truth are cached under ``bench/results/`` (ignored by git) so every remedy is
+ranked against the same truth; the noise ceiling is one seed's tau against the mean of the
+others.
 
 A run trains one supernet (``--set field=value`` adds any ``SupernetTrainingConfig`` field:
 the remedies ``sandwich``, ``distillation``, ``progressive_epochs``, ``few_shot``,
 ``bn_recalibration_batches``) and scores every candidate inherited (BatchNorm recalibrated),
-after the quick stage and after the medium stage (``--medium-epochs``, ``--medium-lr``). It
-prints Kendall tau of each stage overall and within the top 10 % of the ground truth, and the
-rows of earlier runs on the same ground truth (``bench/results/fidelity_<task>_<seed>.jsonl``).
+after the quick stage and after the medium stage (``--quick-steps``, ``--medium-steps``,
+``--medium-lr``; by default 1 pass over the training split, then 4 more on digits, 1 on
+MNIST-1D). It prints Kendall tau of each stage overall and within the top 10 % of the ground
+truth, and the rows of earlier runs on the same ground truth
+(``bench/results/fidelity_<task>_<seed>.jsonl``).
 
     python bench/ranking_fidelity.py --task digits
     python bench/ranking_fidelity.py --task mnist1d --label few-shot --set few_shot=auto
@@ -37,24 +40,28 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 RESULTS = Path(__file__).resolve().parent / "results"
 # Per task: the space, the stand-alone recipe of the ground truth, the supernet and stages.
+# Budgets in passes over the training split become optimisation steps at run time
+# (``steps_per_pass``: 34 batches of 32 on digits, 50 of 64 on MNIST-1D); the supernet's
+# warm-up stays in epochs.
 TASKS: dict[str, dict[str, Any]] = {
     "digits": {
         "space": "digits-small",
-        "scratch_epochs": 5,
+        "scratch_passes": 5,  # 170 steps
         "batch_size": 32,
         "supernet_epochs": 24,
-        "medium_epochs": 4,
+        "medium_passes": 4,  # 136 steps
         "medium_lr": 3e-3,
     },
     "mnist1d": {
         "space": "signal-1d",
-        "scratch_epochs": 2,
+        "scratch_passes": 2,  # 100 steps
         "batch_size": 64,
         "supernet_epochs": 10,
-        "medium_epochs": 1,
+        "medium_passes": 1,  # 50 steps
         "medium_lr": 3e-3,
     },
 }
+SCRATCH_LR = 2e-2  # the stand-alone recipe's Adam learning rate
 
 
 def load_task(task: str, seed: int) -> tuple[Any, Any]:
@@ -83,12 +90,14 @@ def parse_value(text: str) -> Any:
 def ground_truth(args: argparse.Namespace, space: Any, data: Any) -> dict[str, Any]:
     """The candidates and their stand-alone losses, read from the cache when it matches."""
     from _supernet_common import sample_architectures
+    from _supernet_common import steps_per_pass
     from _supernet_common import train_supernet
 
     from optuna_hpcnas.evaluation import evaluate
     from optuna_hpcnas.evaluation import train_from_scratch
 
     task = TASKS[args.task]
+    scratch_steps = task["scratch_passes"] * steps_per_pass(data, task["batch_size"])
     settings = {
         "task": args.task,
         "seed": args.seed,
@@ -96,8 +105,9 @@ def ground_truth(args: argparse.Namespace, space: Any, data: Any) -> dict[str, A
         "top": args.top,
         "pool": args.pool,
         "gt_seeds": args.gt_seeds,
-        "scratch_epochs": task["scratch_epochs"],
+        "scratch_steps": scratch_steps,
         "batch_size": task["batch_size"],
+        "lr": SCRATCH_LR,
     }
     path = RESULTS / f"fidelity_{args.task}_{args.seed}_truth.json"
     if path.exists():
@@ -127,10 +137,12 @@ def ground_truth(args: argparse.Namespace, space: Any, data: Any) -> dict[str, A
                 space,
                 a,
                 data,
-                epochs=task["scratch_epochs"],
+                steps=scratch_steps,
+                lr=SCRATCH_LR,
                 batch_size=task["batch_size"],
                 seed=args.seed + k,
                 latency_repeats=0,
+                holdout=True,  # the validation split is the reference: never trained on
             )
             for a in archs
         ]
@@ -175,8 +187,12 @@ def main() -> None:
     parser.add_argument("--supernet-epochs", type=int, default=None)
     parser.add_argument("--paths", type=int, default=5)
     parser.add_argument("--sampling", default="fair", choices=("uniform", "fair"))
-    parser.add_argument("--quick-epochs", type=int, default=1)
-    parser.add_argument("--medium-epochs", type=int, default=None)
+    parser.add_argument(
+        "--quick-steps", type=int, default=None, help="default: one pass over the training split"
+    )
+    parser.add_argument(
+        "--medium-steps", type=int, default=None, help="default: the task's passes (4 / 1)"
+    )
     parser.add_argument("--medium-lr", type=float, default=None)
     parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE")
     parser.add_argument("--label", default="one-shot")
@@ -193,13 +209,14 @@ def main() -> None:
     )
     args = parser.parse_args()
     task = TASKS[args.task]
-    for name in ("supernet_epochs", "medium_epochs", "medium_lr"):
+    for name in ("supernet_epochs", "medium_lr"):
         if getattr(args, name) is None:
             setattr(args, name, task[name])
     options = dict(item.split("=", 1) for item in args.set)
     options = {k: parse_value(v) for k, v in options.items()}
 
     from _supernet_common import FineTuning
+    from _supernet_common import steps_per_pass
     from _supernet_common import train_supernet
     import torch
 
@@ -208,6 +225,11 @@ def main() -> None:
 
     torch.set_num_threads(1)
     space, data = load_task(args.task, args.seed)
+    per_pass = steps_per_pass(data, task["batch_size"])
+    if args.quick_steps is None:
+        args.quick_steps = per_pass
+    if args.medium_steps is None:
+        args.medium_steps = task["medium_passes"] * per_pass
     truth = ground_truth(args, space, data)
     archs = [Architecture.from_json(a) for a in truth["archs"]]
     reference = np.mean(truth["loss"], axis=0)
@@ -237,9 +259,9 @@ def main() -> None:
             if args.inherited_only:
                 continue
             tuning = FineTuning(model, data, seed=args.seed, batch_size=task["batch_size"])
-            scores["quick"].append(tuning.stage(args.quick_epochs, 1e-3, anneal=False)[1])
+            scores["quick"].append(tuning.stage(args.quick_steps, 1e-3, anneal=False)[1])
             scores["medium"].append(
-                tuning.stage(args.medium_epochs, args.medium_lr, anneal=True)[1]
+                tuning.stage(args.medium_steps, args.medium_lr, anneal=True)[1]
             )
     stage_seconds = time.perf_counter() - t0
 
@@ -249,7 +271,7 @@ def main() -> None:
         "supernet_epochs": args.supernet_epochs,
         "paths": args.paths,
         "sampling": args.sampling,
-        "medium": f"{args.medium_epochs} ep lr {args.medium_lr:g}",
+        "medium": f"{args.medium_steps} st lr {args.medium_lr:g}",
         "split": getattr(trainer.supernet, "decision", ""),
         "disagreement": trainer.disagreement,
         "taus": {
@@ -274,7 +296,8 @@ def print_table(
     print(
         f"\nRanking fidelity on {args.task} ({task['space']}, data seed {args.seed}): {n} "
         f"candidates ({args.archs} uniform + the search's top {args.top} of {args.pool}); "
-        f"ground truth: stand-alone {task['scratch_epochs']} epochs, mean validation log-loss "
+        f"ground truth: stand-alone {truth['settings']['scratch_steps']} steps, mean validation "
+        "log-loss "
         f"of {k} seeds ({', '.join(f'{s:.0f}' for s in truth['seconds'])} s each); "
         f"Kendall tau overall / within the top {len(top)} (10 %)"
     )
@@ -317,6 +340,7 @@ def _core_scores(
 ) -> dict[str, list[float]]:
     """Validation log-loss of each candidate inherited, after the quick and after the medium
     stage, through ``TrialEvaluator`` (each trial's own batch order, cosine lr per stage)."""
+    from _supernet_common import steps_per_pass
     import optuna
 
     from optuna_hpcnas.evaluation import ObjectiveConfig
@@ -326,22 +350,25 @@ def _core_scores(
     from optuna_hpcnas.pruners import Stage
     from optuna_hpcnas.pruners import StagePlan
 
+    batch_size = TASKS[args.task]["batch_size"]
     config = ObjectiveConfig(
         objectives=("loss",),
         optimizer="adam",
-        batch_size=TASKS[args.task]["batch_size"],
+        batch_size=batch_size,
         latency_repeats=1,
+        validation="holdout",  # the ground truth's validation split, as the loop above
     )
     core = TrialEvaluator(data, trainer, config, seed=args.seed)  # type: ignore[arg-type]
     stages = StagePlan(
         stages=(
-            Stage("quick", args.quick_epochs, 1e-3),
-            Stage("medium", args.medium_epochs, args.medium_lr),
-        )
+            Stage("quick", args.quick_steps, 1e-3),
+            Stage("medium", args.medium_steps, args.medium_lr),
+        ),
+        eval_every=steps_per_pass(data, batch_size),  # a validation a pass, as before
     )
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(direction="minimize", pruner=optuna.pruners.NopPruner())
-    plan = TrialPlan(stages, stages.total_epochs, report=True, maximize=False)
+    plan = TrialPlan(stages, stages.total_steps, report=True, maximize=False)
     from optuna_hpcnas.evaluation import evaluate
 
     scores: dict[str, list[float]] = {"inherited": [], "quick": [], "medium": []}
@@ -352,8 +379,8 @@ def _core_scores(
         outcome = core.evaluate(arch, OptunaTrialLink(trial, plan))
         study.tell(trial, outcome.values)
         frozen = study.trials[-1]
-        scores["quick"].append(frozen.intermediate_values[args.quick_epochs])
-        scores["medium"].append(frozen.intermediate_values[stages.total_epochs])
+        scores["quick"].append(frozen.intermediate_values[args.quick_steps])
+        scores["medium"].append(frozen.intermediate_values[stages.total_steps])
     return scores
 
 

@@ -1,6 +1,6 @@
 """Serving under load: ``hpcnas serve`` with both protocols, batching on against off.
 
-A digits model is trained for a few epochs and deployed (``deploy_model``, raw-pixel input),
+A digits model is trained for a few hundred steps and deployed (``deploy_model``, raw-pixel input),
 or ``--model-dir`` names an existing deployment. Then, each against a fresh ``hpcnas serve``
 process:
 
@@ -60,8 +60,11 @@ ARCHS = {
 }
 
 
-def deploy_digits(out: Path, epochs: int, arch_name: str) -> None:
-    """A digits subnet trained for ``epochs`` and deployed into ``out`` (raw-pixel input)."""
+def deploy_digits(out: Path, steps: int | None, arch_name: str) -> None:
+    """A digits subnet trained for ``steps`` steps of 32 images (default: 6 passes over the
+    1,078 training images, 204 steps) and deployed into ``out`` (raw-pixel input)."""
+    import math
+
     import torch
     import torch.nn.functional as F
 
@@ -69,8 +72,8 @@ def deploy_digits(out: Path, epochs: int, arch_name: str) -> None:
     from optuna_hpcnas import CellConfig
     from optuna_hpcnas import ClusterConfig
     from optuna_hpcnas import HierarchicalSearchSpace
-    from optuna_hpcnas.data import iterate_batches
     from optuna_hpcnas.data import load_digits_task
+    from optuna_hpcnas.data import stream_batches
     from optuna_hpcnas.deploy import deploy_model
     from optuna_hpcnas.supernet import SuperNet
 
@@ -82,11 +85,13 @@ def deploy_digits(out: Path, epochs: int, arch_name: str) -> None:
     space = HierarchicalSearchSpace.preset(preset)
     net = SuperNet(space, input_shape=(1, 8, 8), num_classes=10, seed=0).subnet(arch).train()
     optimizer = torch.optim.Adam(net.parameters(), lr=1e-2)
-    for _ in range(epochs):
-        for x, y in iterate_batches(data.train, 32, shuffle=True):
-            optimizer.zero_grad()
-            F.cross_entropy(net(x), y).backward()
-            optimizer.step()
+    if steps is None:
+        steps = 6 * math.ceil(data.sizes[0] / 32)
+    batches = stream_batches(data.train, 32, generator=torch.Generator().manual_seed(0))
+    for _, (x, y) in zip(range(steps), batches):
+        optimizer.zero_grad()
+        F.cross_entropy(net(x), y).backward()
+        optimizer.step()
     deploy_model(
         net.eval(), out=out, input_shape=(1, 8, 8), calibration=data.train, holdout=data.test,
         preprocessing=data.preprocessing, name="digits", latency_repeats=20,
@@ -278,7 +283,12 @@ def probe_phase(model_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model-dir", type=Path, help="a deployment of a digits model")
-    parser.add_argument("--epochs", type=int, default=6, help="training without --model-dir")
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help="training steps without --model-dir (default: 6 passes over digits, 204)",
+    )
     parser.add_argument("--arch", choices=sorted(ARCHS), default="small", help="the model")
     parser.add_argument("--requests", type=int, default=2048, help="per protocol (>= 2000)")
     parser.add_argument("--clients", type=int, default=16)
@@ -290,7 +300,7 @@ def main() -> None:
         model_dir = args.model_dir
         if model_dir is None:
             model_dir = Path(tmp) / "digits"
-            deploy_digits(model_dir, args.epochs, args.arch)
+            deploy_digits(model_dir, args.steps, args.arch)
         if "load" not in args.skip:
             rows = load_phase(model_dir, args)
             print(

@@ -11,10 +11,12 @@ import os
 import optuna
 
 
-def parse_args(description: str, *, trials: int, epochs: int) -> argparse.Namespace:
+def parse_args(description: str, *, trials: int, steps: int) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--trials", type=int, default=trials, help="number of trials")
-    parser.add_argument("--epochs", type=int, default=epochs, help="training epochs per trial")
+    parser.add_argument(
+        "--steps", type=int, default=steps, help="optimisation steps of each trial's training"
+    )
     parser.add_argument(
         "--storage",
         default=os.environ.get("OPTUNA_STORAGE", "sqlite:///examples.db"),

@@ -2,7 +2,8 @@
 
 A supernet of the ``digits-small`` space is trained once (several random paths per batch);
 every trial inherits its subnet's weights, fine-tunes it stage by stage (quick, medium,
-full) and is stopped early by the ``StagedPruner`` when it falls behind. The
+full: budgets of optimisation steps, here 1, 2 and 15 passes over the training images) and is
+stopped early by the ``StagedPruner`` when it falls behind. The
 ``EvolutionarySampler`` proposes the architectures. FLOPs, parameters, latency and the stage
 reached go to user attributes (optuna-dashboard shows them), Prometheus metrics are served
 while it runs, and the supernet weights are saved for ``hpcnas export --weights``.
@@ -31,6 +32,7 @@ from optuna_hpcnas.metrics import MetricsCallback
 from optuna_hpcnas.metrics import SearchMetrics
 from optuna_hpcnas.metrics import serve_metrics
 from optuna_hpcnas.metrics import TimedSampler
+from optuna_hpcnas.pruners import Stage
 from optuna_hpcnas.pruners import StagedPruner
 from optuna_hpcnas.pruners import StagePlan
 from optuna_hpcnas.samplers import EvolutionarySampler
@@ -42,7 +44,10 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=30)
     parser.add_argument("--epochs", type=int, default=5, help="supernet training epochs")
     parser.add_argument(
-        "--max-batches", type=int, default=None, help="cap batches per epoch (quick runs)"
+        "--max-batches",
+        type=int,
+        default=None,
+        help="cap batches per supernet epoch and scale the stages down (quick runs)",
     )
     parser.add_argument(
         "--storage", default=os.environ.get("OPTUNA_STORAGE", "sqlite:///examples.db")
@@ -53,11 +58,28 @@ def main() -> None:
     args = parser.parse_args()
 
     space = HierarchicalSearchSpace.preset("digits-small")
+    data = load_digits_task(seed=args.seed)
+    # Stage budgets are optimisation steps (17 are one pass over digits' 1,078 training
+    # images at batch 64): the articles' quick / medium / full stages (SGD at lr 1e-3 / 1e-2 /
+    # 1e-1), early stopping after 51 steps without improvement. `--max-batches` scales the
+    # plan down for a smoke test.
+    batch_size = 64
+    scale = 1.0 if args.max_batches is None else min(1.0, args.max_batches / 17)
+    plan = StagePlan(
+        stages=(
+            Stage("quick", 17, 1e-3, promote=1 / 3),
+            Stage("medium", 34, 1e-2, promote=1 / 3),
+            Stage("full", 255, 1e-1),
+        ),
+        patience=51,
+        eval_every=17,
+        scale=scale,
+    )
     objective = SupernetObjective(
         space,
-        load_digits_task(seed=args.seed),
+        data,
         training=SupernetTrainingConfig(paths_per_batch=4, epochs=args.epochs, seed=args.seed),
-        config=ObjectiveConfig(max_batches_per_epoch=args.max_batches, latency_repeats=5),
+        config=ObjectiveConfig(batch_size=batch_size, latency_repeats=5),
         seed=args.seed,
     )
     losses = objective.train_supernet(max_batches=args.max_batches)
@@ -70,7 +92,7 @@ def main() -> None:
         storage=args.storage,
         direction="maximize",
         sampler=TimedSampler(EvolutionarySampler(seed=args.seed), metrics=metrics),
-        pruner=StagedPruner(StagePlan(scale=0.3)),
+        pruner=StagedPruner(plan),
         load_if_exists=True,
     )
     prepare_study(study, ["accuracy"])

@@ -1,7 +1,8 @@
 """QUBO search on a small space: a surrogate written as a binary quadratic model and solved
 by simulated annealing (``QUBOSampler``), against random search on the same budget.
 
-The objective is a cheap, deterministic proxy of accuracy (trained for ``--epochs`` epochs);
+The objective is a cheap, deterministic proxy of accuracy (trained for ``--steps`` steps of
+Adam at batch 32, 34 by default: one pass over digits' 1,078 training images);
 on ``digits-small`` (1,536 architectures) the QUBO sampler fits its second-order surrogate on
 the one-hot encoding of every finished trial and anneals for the next candidate.
 
@@ -24,7 +25,8 @@ from optuna_hpcnas.samplers import QUBOSampler
 
 
 def main() -> None:
-    args = parse_args("QUBO search on digits-small", trials=40, epochs=1)
+    # 34 steps of 32 images: one pass over digits' 1,078 training images
+    args = parse_args("QUBO search on digits-small", trials=40, steps=34)
     space = HierarchicalSearchSpace.preset("digits-small")
     data = load_digits_task(seed=args.seed)
     cache: dict[str, float] = {}
@@ -34,10 +36,11 @@ def main() -> None:
         key = arch.to_json()
         if key not in cache:  # the same architecture trains to the same accuracy
             result = train_from_scratch(
-                space, arch, data, epochs=args.epochs, seed=args.seed, latency_repeats=0
-            )
+                space, arch, data, steps=args.steps, lr=2e-2, batch_size=32, seed=args.seed,
+                latency_repeats=0,
+            )  # fmt: skip
             cache[key] = float(result["valid_accuracy"])
-        record_trial(trial, arch, stage=f"{args.epochs} epochs")
+        record_trial(trial, arch, stage=f"{args.steps} steps")
         return cache[key]
 
     name = args.study_name or "qubo-search"

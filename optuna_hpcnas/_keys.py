@@ -23,7 +23,7 @@ CHECKPOINT_GENERATION_PREFIX = "hpcnas:checkpoints:generation:"
 PRUNER_STAGE_VALUE = "hpcnas:pruner:stage_value:"  # + stage name: the value a trial took there
 PRUNER_STAGE_REACHED = "hpcnas:pruner:stage_reached"
 PRUNER_REASON = "hpcnas:pruner:reason"
-PRUNER_EARLY_STOPPED = "hpcnas:pruner:early_stopped"  # epoch of a patience stop
+PRUNER_EARLY_STOPPED = "hpcnas:pruner:early_stopped"  # step of a patience stop
 
 # SupernetObjective (trial user attributes: meant for people and dashboards; the CLI and the
 # dashboard helpers read the same names).
@@ -37,9 +37,10 @@ OBJECTIVE_ONNX_LATENCY = "onnx_int8_latency_s"  # [objective] latency = "onnx-in
 OBJECTIVE_INHERITED_ACCURACY = "inherited_accuracy"
 OBJECTIVE_ACCURACY = "accuracy"
 OBJECTIVE_STAGE = "stage"
-OBJECTIVE_EPOCHS = "epochs"
+OBJECTIVE_STEPS = "steps"  # optimisation steps the candidate trained
 OBJECTIVE_FAIL_REASON = "fail_reason"
 OBJECTIVE_EARLY_STOPPED = "early_stopped"
+OBJECTIVE_TIME_CAPPED = "time_capped"  # the step at which [objective] max_trial_seconds ended it
 
 # --- operations (CLI, dashboard, metrics) -------------------------------------------------
 # Study system attributes.

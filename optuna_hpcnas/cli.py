@@ -208,9 +208,16 @@ def _pick_trial(study: optuna.Study, number: int | None) -> FrozenTrial:
     from optuna.trial import TrialState
 
     if number is not None:
+        # any trial that ran: a pruned one (a published model stopped early in the search)
+        # is trained in full by the export like any other
+        ran = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL, TrialState.RUNNING)
         matches = [t for t in study.get_trials(deepcopy=False) if t.number == number]
-        if not matches or matches[0].state != TrialState.COMPLETE:
-            raise CLIError(f"trial {number} is not a completed trial of {study.study_name!r}")
+        if not matches or matches[0].state not in ran:
+            state = matches[0].state.name.lower() if matches else "not in the study"
+            raise CLIError(
+                f"trial {number} of {study.study_name!r} has not run ({state}): there is no "
+                "architecture to export"
+            )
         return matches[0]
     ranked = best_trials(study, top=1)
     if not ranked:
@@ -291,8 +298,8 @@ def _export_recipe(args: argparse.Namespace) -> Any:
     if recipe is None:
         from optuna_hpcnas.evaluation import ScratchTrainingConfig
 
-        recipe = ScratchTrainingConfig(epochs=30)
-    return replace(recipe, epochs=args.epochs) if args.epochs is not None else recipe
+        recipe = ScratchTrainingConfig()
+    return replace(recipe, steps=args.steps) if args.steps is not None else recipe
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
@@ -313,8 +320,9 @@ def _cmd_export(args: argparse.Namespace) -> int:
     data = _run_data(args, study)
     if mode != "untrained":
         print(
-            f"training trial {trial.number} ({mode}, {recipe.epochs} epochs, Adam lr "
-            f"{recipe.lr:g}, batch {recipe.batch_size}): {arch.describe()}",
+            f"training trial {trial.number} ({mode}, {recipe.steps} steps, Adam lr "
+            f"{recipe.lr:g}, batch {recipe.batch_size}, on "
+            f"{'train' if recipe.holdout else 'train + validation'}): {arch.describe()}",
             flush=True,
         )
     try:
@@ -363,7 +371,7 @@ def _cmd_deploy(args: argparse.Namespace) -> int:
     recipe = _export_recipe(args)
     data = _run_data(args, study)
     mode = "finetune" if args.finetune else "retrain"
-    print(f"deploying trial {trial.number} ({mode}, {recipe.epochs} epochs): {arch.describe()}")
+    print(f"deploying trial {trial.number} ({mode}, {recipe.steps} steps): {arch.describe()}")
     try:
         report = deploy_trial(
             study, trial, arch, data, out=args.out, recipe=recipe, mode=mode,
@@ -511,13 +519,14 @@ seed = 0
 [pruner]
 name = "staged"                # staged (the [stages] below) | median | hyperband | none
 
-[stages]                       # quick -> medium -> full, early stop after `patience` epochs
-stages = [
-    { name = "quick", epochs = 1, lr = 1e-3, promote = 0.34 },
-    { name = "medium", epochs = 3, lr = 1e-2, promote = 0.34 },
-    { name = "full", epochs = 8, lr = 1e-2 },
+[stages]                       # quick -> medium -> full: budgets of optimisation steps
+stages = [                     # (34 steps = one pass over digits' 1,078 training images)
+    { name = "quick", steps = 34, lr = 1e-3, promote = 0.34 },
+    { name = "medium", steps = 100, lr = 1e-2, promote = 0.34 },
+    { name = "full", steps = 270, lr = 1e-2 },
 ]
-patience = 3
+patience = 100                 # steps without improvement before a candidate stops
+eval_every = 34                # steps between validations (and at every stage's end)
 
 [training]                     # the supernet's warm-up before the search (k paths per batch)
 epochs = 8
@@ -531,11 +540,14 @@ weight_decay = 0.0
 [objective]                    # what a trial returns and how a candidate is fine-tuned
 objectives = ["accuracy"]      # or several of accuracy, loss, flops, params, latency
 optimizer = "adam"
-batch_size = 32
+batch_size = 32                # or "auto": a tenth of the training set, 4 to 64
+# validation = "auto"          # cross-validation below 50 validation samples, else holdout
 # max_flops = 2e6              # hard limits become trial.set_constraint(...)
 
-[export]                       # `hpcnas export` retrains the best architecture with this
-epochs = 30
+[export]                       # `hpcnas export` retrains the best architecture with this,
+steps = 1000                   # on train + validation
+lr = 0.02
+batch_size = 32
 """,
     # MNIST-1D (or any (L, F) signal in an npz): the values of bench/mnist1d_end_to_end.py
     "signal-1d": """
@@ -562,13 +574,14 @@ seed = 0
 [pruner]
 name = "staged"                # staged (the [stages] below) | median | hyperband | none
 
-[stages]                       # quick -> medium -> full, early stop after `patience` epochs
-stages = [                     # lr 1e-2: the candidates' own training moves the ranking here
-    { name = "quick", epochs = 2, lr = 1e-2, promote = 0.34 },
-    { name = "medium", epochs = 4, lr = 1e-2, promote = 0.34 },
-    { name = "full", epochs = 12, lr = 1e-2 },
+[stages]                       # quick -> medium -> full: budgets of optimisation steps, the
+stages = [                     # same for 40 series or 40,000 (never epochs)
+    { name = "quick", steps = 100, lr = 1e-2, promote = 0.34 },
+    { name = "medium", steps = 200, lr = 1e-2, promote = 0.34 },
+    { name = "full", steps = 600, lr = 1e-2 },
 ]
-patience = 3
+patience = 150                 # steps without improvement before a candidate stops
+eval_every = 50                # steps between validations (and at every stage's end)
 
 [training]                     # the supernet's warm-up before the search (k paths per batch)
 epochs = 2
@@ -582,12 +595,16 @@ weight_decay = 0.0
 [objective]                    # what a trial returns and how a candidate is fine-tuned
 objectives = ["accuracy"]      # or several of accuracy, loss, flops, params, latency
 optimizer = "adam"
-batch_size = 64
+batch_size = "auto"            # a tenth of the training set, 4 to 64 (64 on MNIST-1D); the
+                               # stages' rates are those of 64, x sqrt(batch / 64) below it
+validation = "auto"            # 5-fold cross-validation below 50 validation samples or 5 of
+                               # a class (each fold a model, predictions pooled), else holdout
+max_trial_seconds = 120        # a candidate that trains longer ends with the value it has
 
-[export]                       # `hpcnas export` retrains the best architecture with this
-epochs = 40
-lr = 0.01
-batch_size = 64
+[export]                       # `hpcnas export` retrains the chosen architecture with this,
+steps = 2000                   # on train + validation (Adam, cosine); the batch follows the
+lr = 0.004                     # data as above, and the rate with it: 4e-3 at 64, 1e-3 at 4
+batch_size = "auto"
 """,
 }
 
@@ -746,7 +763,9 @@ def _add_export_args(p: argparse.ArgumentParser) -> None:
         "with the recorded standardisation as the graph's first step",
     )
     p.add_argument(
-        "--epochs", type=int, help="training epochs (default: [export] epochs, else 30)"
+        "--steps",
+        type=int,
+        help="optimisation steps of the training (default: [export] steps, else 4000)",
     )
     how = p.add_mutually_exclusive_group()
     how.add_argument(
@@ -831,7 +850,9 @@ def _add_deploy_args(p: argparse.ArgumentParser) -> None:
         "inputs the client standardised upstream",
     )
     p.add_argument(
-        "--epochs", type=int, help="training epochs (default: [export] epochs, else 30)"
+        "--steps",
+        type=int,
+        help="optimisation steps of the training (default: [export] steps, else 4000)",
     )
     p.add_argument(
         "--finetune", action="store_true", help="train from the supernet's weights instead"
@@ -1015,8 +1036,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     try:
         return commands[args.command](args)
     except CLIError as e:
-        if rank == 0:  # every rank of a job raises the same error: one line
-            print(f"hpcnas {args.command}: error: {mask_url(str(e))}", file=sys.stderr)
+        print(f"hpcnas {args.command}: error: {mask_url(str(e))}", file=sys.stderr)
         if args.command in ("run", "resume") and launched_rank_and_size()[1] > 1:
             from optuna_hpcnas.distributed import finalize_mpi
 

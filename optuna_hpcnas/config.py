@@ -63,7 +63,7 @@ from optuna_hpcnas.samplers._config import SamplerConfig
 
 PRUNERS = ("none", "median", "successive_halving", "hyperband", "staged")
 DIRECTIONS = ("maximize", "minimize")
-DATASETS = ("digits", "mnist1d", "sequence", "npz", "image_folder", "cifar10")
+DATASETS = ("digits", "mnist1d", "sequence", "npz", "aeon", "image_folder", "cifar10")
 DEVICES = ("auto", "cpu", "cuda")
 DEFAULT_STORAGE = "sqlite:///{name}.db"
 # The most trials one run queues: its budget is a row per trial in the storage, written before
@@ -224,10 +224,14 @@ class DataConfig:
             by the ``mnist1d`` package's generator: 4,000 training and 1,000 test signals of
             length 40; extra ``mnist1d``), ``sequence`` (synthetic), ``npz`` (arrays
             ``x_train, y_train`` and optionally ``x_valid, y_valid, x_test, y_test`` in
-            ``path``), ``image_folder`` (``root/train/<class>/*.png``, optional ``val/`` and
-            ``test/``) or ``cifar10`` (CIFAR-10's files already in ``root``; never
-            downloaded).
-        path: The ``.npz`` file.
+            ``path``), ``aeon`` (time series in aeon's ``.ts`` format: a set aeon ships,
+            ``dataset``, or a ``*_TRAIN.ts`` file, ``path``, whose ``*_TEST.ts`` twin is the
+            test split; extra ``aeon``), ``image_folder`` (``root/train/<class>/*.png``,
+            optional ``val/`` and ``test/``) or ``cifar10`` (CIFAR-10's files already in
+            ``root``; never downloaded).
+        path: The ``.npz`` file, or the ``*_TRAIN.ts`` file.
+        dataset: ``name = "aeon"``: a classification set aeon ships (``"GunPoint"``,
+            ``"ItalyPowerDemand"``, ``"BasicMotions"``, ...), read offline.
         root: The image folder or the CIFAR-10 directory.
         factory: ``"package.module:function"`` returning a ``TaskData`` (called with
             ``seed=`` and ``factory_kwargs``); replaces ``name``.
@@ -245,6 +249,7 @@ class DataConfig:
 
     name: str = "digits"
     path: str | None = None
+    dataset: str | None = None
     root: str | None = None
     factory: str | None = None
     factory_kwargs: Mapping[str, Any] = field(default_factory=dict)
@@ -257,7 +262,7 @@ class DataConfig:
 
     def __post_init__(self) -> None:
         check_choice("name", self.name, DATASETS)
-        for key in ("path", "root"):
+        for key in ("path", "root", "dataset"):
             value = getattr(self, key)
             if value is not None and (not isinstance(value, str) or not value):
                 raise TypeError(f"`{key}` must be a path string, but got {value!r}.")
@@ -270,6 +275,11 @@ class DataConfig:
         if self.factory is None:
             if self.name == "npz" and self.path is None:
                 raise ValueError("[data] name = 'npz' needs `path` (the .npz file).")
+            if self.name == "aeon" and (self.path is None) == (self.dataset is None):
+                raise ValueError(
+                    "[data] name = 'aeon' needs either `dataset` (a set aeon ships, e.g. "
+                    "'GunPoint') or `path` (a *_TRAIN.ts file), not both."
+                )
             if self.name in ("image_folder", "cifar10") and self.root is None:
                 raise ValueError(f"[data] name = {self.name!r} needs `root` (a directory).")
         _table("factory_kwargs", self.factory_kwargs)
@@ -406,7 +416,7 @@ def _stage_plan() -> Any:
 def _export_recipe() -> Any:
     from optuna_hpcnas.evaluation import ScratchTrainingConfig
 
-    return ScratchTrainingConfig(epochs=30)
+    return ScratchTrainingConfig()
 
 
 @dataclass(frozen=True)
@@ -538,6 +548,11 @@ SECTIONS = (
 def _section(name: str, table: Any, build: Any) -> Any:
     if not isinstance(table, Mapping):
         raise ConfigError(f"[{name}] must be a table, but got {table!r}.")
+    if name == "export" and "epochs" in table:
+        raise ConfigError(
+            "[export] `epochs` is no longer a unit: the recipe is a budget of optimisation "
+            "steps (`steps`, e.g. 2000), the same for 40 series or 40,000."
+        )
     if isinstance(build, type):
         allowed = [f.name for f in fields(build)]
         for key in table:

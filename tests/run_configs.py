@@ -14,10 +14,10 @@ TINY: dict[str, Any] = {
     "pruner": {"name": "staged"},
     "stages": {
         "stages": [
-            {"name": "quick", "epochs": 1, "lr": 1e-3, "promote": 0.5},
-            {"name": "medium", "epochs": 1, "lr": 1e-2},
+            {"name": "quick", "steps": 3, "lr": 1e-3, "promote": 0.5},
+            {"name": "medium", "steps": 3, "lr": 1e-2},
         ],
-        "patience": 3,
+        "eval_every": 3,
     },
     "training": {
         "epochs": 1,
@@ -30,10 +30,9 @@ TINY: dict[str, Any] = {
     "objective": {
         "optimizer": "adam",
         "batch_size": 32,
-        "max_batches_per_epoch": 3,
         "latency_repeats": 1,
     },
-    "export": {"epochs": 2, "latency_repeats": 1},
+    "export": {"steps": 6, "latency_repeats": 1},
 }
 
 

@@ -71,6 +71,18 @@ def _load(config: Any) -> TaskData:
             ),
             normalize=config.normalize,
         )
+    elif config.name == "aeon":
+        from optuna_hpcnas.data._aeon import aeon_splits
+
+        splits, source = aeon_splits(dataset=config.dataset, path=config.path)
+        task = task_from_arrays(
+            splits,
+            name=config.dataset or Path(source).stem.replace("_TRAIN", ""),
+            source=source,
+            fraction=v,
+            seed=config.seed,
+            normalize=config.normalize,
+        )
     else:
         splits = {
             "npz": lambda: _npz_splits(Path(config.path)),

@@ -215,3 +215,30 @@ def iterate_batches(
         if lone and b * batch_size == n - 1:
             return
         yield x.float(), y.long()
+
+
+def stream_batches(
+    dataset: Dataset, batch_size: int, *, generator: torch.Generator
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Shuffled training batches of ``dataset`` without end, reshuffled at every pass: a
+    recipe counts optimisation steps, not passes over the data."""
+    while True:
+        empty = True
+        for batch in iterate_batches(dataset, batch_size, shuffle=True, generator=generator):
+            empty = False
+            yield batch
+        if empty:
+            raise ValueError("Cannot train on an empty dataset.")
+
+
+def joined(first: Dataset, second: Dataset) -> Dataset:
+    """The samples of both (tensors concatenated when both are ``TensorDataset`` pairs)."""
+    if (
+        isinstance(first, TensorDataset)
+        and isinstance(second, TensorDataset)
+        and len(first.tensors) == len(second.tensors) == 2
+    ):
+        return TensorDataset(*(torch.cat([a, b]) for a, b in zip(first.tensors, second.tensors)))
+    from torch.utils.data import ConcatDataset
+
+    return ConcatDataset([first, second])

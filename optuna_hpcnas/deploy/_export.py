@@ -3,8 +3,9 @@
 The architecture is trained before it is written (``mode``):
 
 * ``"retrain"`` (the default): from scratch with the ``[export]`` recipe
-  (``ScratchTrainingConfig``: Adam, cosine-decayed lr, 30 epochs by default) on the run's
-  training split;
+  (``ScratchTrainingConfig``: Adam, cosine-decayed lr, a budget of optimisation steps) on the
+  run's training and validation splits (the search has used the validation split to choose
+  the architecture; the export learns from it too);
 * ``"finetune"``: the same recipe, starting from the supernet's inherited weights (a
   ``--weights`` file, or the newest supernet checkpoint of the study);
 * ``"untrained"``: no training at all (explicit only: such a model predicts at chance).
@@ -111,7 +112,7 @@ def trained_module(
         module.eval()
         valid, _ = evaluate(module, data.valid)
         test, _ = evaluate(module, data.test)
-        return module, {"valid_accuracy": valid, "test_accuracy": test, "epochs": 0}
+        return module, {"valid_accuracy": valid, "test_accuracy": test, "steps": 0}
     try:
         metrics = train_model(module, data, recipe)
     except NonFiniteLossError as e:  # the recipe's fault, not a bug: one line, no traceback
@@ -150,7 +151,7 @@ def export_trial(
             "input_shape": list(data.input_shape),
             "num_classes": data.num_classes,
             "data": data.name,
-            **{k: metrics[k] for k in ("valid_accuracy", "test_accuracy", "epochs")},
+            **{k: metrics[k] for k in ("valid_accuracy", "test_accuracy", "steps")},
         },
     }
     with staged(out) as stage:

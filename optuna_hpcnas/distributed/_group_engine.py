@@ -1,14 +1,14 @@
 """``GroupEngine``: the evaluation core's engine over one evaluation group.
 
 A plug-in of ``optuna_hpcnas.evaluation.TrialEvaluator.evaluate`` (it implements the
-``Engine`` protocol; the epoch / stage / prune loop stays in the core). A candidate whose
+``Engine`` protocol; the round / stage / prune loop stays in the core). A candidate whose
 layout is ``data_parallel = pipeline_stages = 1`` trains with plain PyTorch on the group
 leader (unless ``[distributed] engine = "deepspeed"``); a larger one trains in a DeepSpeed
 engine over the first ``dp x pp`` ranks of the group, which first receive the leader's
 calibrated weights. Every optimizer step covers the core's whole batch: each data-parallel
 replica takes its shard, cut into micro-batches of the candidate's ``micro_batch_size``
-(DeepSpeed's gradient accumulation); DeepSpeed engines skip the last, incomplete batch of an
-epoch (a pipeline needs equal micro-batch shapes).
+(DeepSpeed's gradient accumulation); DeepSpeed engines skip the last, incomplete batch of a
+pass over the data (a pipeline needs equal micro-batch shapes).
 """
 
 from __future__ import annotations

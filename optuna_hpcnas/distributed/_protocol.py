@@ -41,7 +41,7 @@ class TrialTask:
 
     trial_number: int
     architecture: str  # Architecture.to_json()
-    plan: dict[str, Any]  # TrialPlan.to_dict(): stages, epochs, whether epochs are reported
+    plan: dict[str, Any]  # TrialPlan.to_dict(): stages, steps, whether rounds are reported
 
 
 @dataclass(frozen=True)

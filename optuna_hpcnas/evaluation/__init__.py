@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from optuna_hpcnas.evaluation._core import LocalEngine
     from optuna_hpcnas.evaluation._core import OptunaTrialLink
     from optuna_hpcnas.evaluation._core import Outcome
-    from optuna_hpcnas.evaluation._core import report_epoch
+    from optuna_hpcnas.evaluation._core import report_round
     from optuna_hpcnas.evaluation._core import TrialEvaluator
     from optuna_hpcnas.evaluation._core import TrialLink
     from optuna_hpcnas.evaluation._core import TrialPlan
@@ -47,7 +47,7 @@ _LAZY = {
     "LocalEngine": "optuna_hpcnas.evaluation._core",
     "OptunaTrialLink": "optuna_hpcnas.evaluation._core",
     "Outcome": "optuna_hpcnas.evaluation._core",
-    "report_epoch": "optuna_hpcnas.evaluation._core",
+    "report_round": "optuna_hpcnas.evaluation._core",
     "TrialEvaluator": "optuna_hpcnas.evaluation._core",
     "TrialLink": "optuna_hpcnas.evaluation._core",
     "TrialPlan": "optuna_hpcnas.evaluation._core",
@@ -86,7 +86,7 @@ __all__ = [
     "evaluate",
     "is_out_of_memory",
     "measure_latency",
-    "report_epoch",
+    "report_round",
     "train_from_scratch",
     "train_model",
     "verdict_needed",

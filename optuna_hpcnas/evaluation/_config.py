@@ -27,6 +27,51 @@ LIMITS = {"max_flops": "flops", "max_params": "params", "max_latency_s": "latenc
 LATENCY_SOURCES = ("measured", "predicted", "onnx-int8")
 OPTIMIZERS = ("adam", "sgd")
 PRECISIONS = tuple(p.value for p in Precision)
+VALIDATIONS = ("auto", "holdout", "cross-validation")
+AUTO = "auto"
+# The time-series literature trains on batches of min(N / 10, 16) (Wang et al. 2017, Fawaz et
+# al. 2019); larger sets go up to 64, which keeps two CPU cores busy.
+AUTO_BATCH_RANGE = (4, 64)
+
+
+def resolve_batch_size(batch_size: int | str, samples: int) -> int:
+    """The batch size a recipe trains ``samples`` examples with: ``"auto"`` is a tenth of
+    them within ``AUTO_BATCH_RANGE``; a given size is kept. Never more than the samples, and
+    at least 2 when there are 2 (BatchNorm needs two values per channel).
+
+    Example:
+        >>> [resolve_batch_size("auto", n) for n in (3, 40, 160, 3200)]
+        [3, 4, 16, 64]
+    """
+    low, high = AUTO_BATCH_RANGE
+    size = min(max(samples // 10, low), high) if batch_size == AUTO else int(batch_size)
+    return max(min(size, samples), min(2, samples))
+
+
+def lr_scale(batch_size: int | str, resolved: int) -> float:
+    """The factor an ``"auto"`` batch scales learning rates by: ``sqrt(resolved / 64)``.
+
+    Learning rates of a recipe whose batch follows the data are stated for batches of 64
+    (the top of ``AUTO_BATCH_RANGE``, what large data sets get) and scaled with the square
+    root of the batch, the rule for Adam (Malladi et al. 2022, "On the SDEs and scaling rules
+    for adaptive gradient algorithms"): 4e-3 at 64 is 1e-3 at 4. A batch size given as a
+    number keeps its learning rates as written.
+
+    Example:
+        >>> lr_scale("auto", 64), lr_scale("auto", 4), lr_scale(32, 32)
+        (1.0, 0.25, 1.0)
+    """
+    if batch_size != AUTO:
+        return 1.0
+    return math.sqrt(resolved / AUTO_BATCH_RANGE[1])
+
+
+def _check_batch_size(name: str, value: object) -> None:
+    if value == AUTO:
+        return
+    if isinstance(value, str):
+        raise ValueError(f"`{name}` is {value!r}, but must be an int >= 2 or 'auto'.")
+    check_int(name, value, 2)
 
 
 @dataclass(frozen=True)
@@ -47,13 +92,14 @@ class ObjectiveConfig:
         max_flops: Hard limit through ``trial.set_constraint`` (``None``: none).
         max_params: Hard limit on parameters.
         max_latency_s: Hard limit on latency (seconds).
-        batch_size: Fine-tuning batch size (one optimizer step per batch).
+        batch_size: Fine-tuning batch size (one optimizer step per batch), or ``"auto"``: a
+            tenth of the training samples, 4 to 64 (``resolve_batch_size``); the stages'
+            learning rates are then those of a batch of 64, scaled by ``lr_scale``.
         optimizer: Fine-tuning optimizer, ``"sgd"`` (Nesterov; the learning rates of the
             default stages are meant for it) or ``"adam"``; the learning rate comes from the
             stage.
         momentum: SGD momentum of fine-tuning.
         weight_decay: L2 penalty of fine-tuning.
-        max_batches_per_epoch: Cap on fine-tuning batches per epoch (``None``: the whole set).
         last_stage: Name of the last stage to run; default: every stage when the study has a
             ``StagedPruner`` (it stops trials early), else the second stage (or the only one).
         latency_repeats: Timed forwards per latency measurement.
@@ -63,12 +109,20 @@ class ObjectiveConfig:
             shared weights keep learning where the search goes.
         population_size: Size of that population.
         skip_infeasible: Do not fine-tune a candidate that breaks a hard limit: it ends with
-            its inherited score (and its constraint values), no epochs spent.
+            its inherited score (and its constraint values), no steps spent.
         stage_schedule: ``"cosine"`` (each stage anneals its ``lr`` to 0 over its batches, so a
             stage's score is read at a settled point; the default) or ``"constant"`` (each
-            stage at its ``lr``). In ``bench/staged_pruning.py --seeds 0,1,2`` cosine stages
-            kept the best of 30 candidates on 2 of 3 seeds, constant ones on 1, both saving
-            82-84 % of the epochs.
+            stage at its ``lr``).
+        validation: How a candidate is scored: ``"holdout"`` (the validation split),
+            ``"cross-validation"`` (``folds`` stratified folds of train + validation, one model
+            per fold trained side by side, their predictions pooled) or ``"auto"``:
+            cross-validation when the validation split has fewer than 50 samples or fewer than
+            5 of some class, else holdout. A trial's value is its value at its last step (the
+            end of its last stage, or where early stopping or the time cap ended it), never
+            the best on the way; accuracy ties are broken by the log-loss.
+        folds: Folds of cross-validation.
+        max_trial_seconds: Wall-clock seconds one candidate may train; it then ends with the
+            value it has (``None``: no cap).
     """
 
     objectives: tuple[str, ...] = ("accuracy",)
@@ -78,11 +132,10 @@ class ObjectiveConfig:
     max_flops: float | None = None
     max_params: float | None = None
     max_latency_s: float | None = None
-    batch_size: int = 64
+    batch_size: int | str = AUTO
     optimizer: str = "sgd"
     momentum: float = 0.9
     weight_decay: float = 0.0
-    max_batches_per_epoch: int | None = None
     last_stage: str | None = None
     latency_repeats: int = 10
     on_nan: str = "fail"
@@ -90,6 +143,9 @@ class ObjectiveConfig:
     population_size: int = 20
     skip_infeasible: bool = True
     stage_schedule: str = "cosine"
+    validation: str = AUTO
+    folds: int = 5
+    max_trial_seconds: float | None = None
 
     def __post_init__(self) -> None:
         objectives = (
@@ -131,10 +187,13 @@ class ObjectiveConfig:
                 raise ValueError(
                     f"`{name}` is {value!r}, but must be a finite number > 0 or None."
                 )
-        for name in ("batch_size", "latency_repeats", "population_size"):
+        _check_batch_size("batch_size", self.batch_size)
+        for name in ("latency_repeats", "population_size"):
             check_int(name, getattr(self, name), 1)
         check_int("population_steps", self.population_steps, 0)
-        check_int("max_batches_per_epoch", self.max_batches_per_epoch, 1, allow_none=True)
+        check_choice("validation", self.validation, VALIDATIONS)
+        check_int("folds", self.folds, 2, maximum=20)
+        check_number("max_trial_seconds", self.max_trial_seconds, allow_none=True)
         check_number("momentum", self.momentum, positive=False)
         if not 0 <= self.momentum < 1:
             raise ValueError(f"`momentum` is {self.momentum!r}, but must be in [0, 1).")
@@ -158,32 +217,43 @@ class ScratchTrainingConfig:
     ``Cls(**table)``; ``[export]`` is this class).
 
     Adam with a cosine-decayed learning rate, no warm-up, through the supernet's
-    ``train_step``.
+    ``train_step``, for a budget of optimisation steps (never epochs: the same recipe must
+    train 40 series and 40,000).
 
     Args:
+        steps: Optimisation steps.
+        lr: Adam's learning rate at the start of the cosine (with ``batch_size = "auto"``,
+            the rate of a batch of 64, scaled by ``lr_scale``).
+        batch_size: Samples per step, or ``"auto"`` (``resolve_batch_size``).
+        weight_decay: L2 penalty.
+        seed: Seed of the initial weights, the data order and dropout.
+        latency_repeats: Timed forwards of the latency measurement (``0``: none).
         grad_clip: Clip the gradient norm to this value (``0``: no clipping).
         precision: Forward precision, ``"fp32"``, ``"bf16"`` (CPU or GPU) or ``"fp16"`` (GPU
             only, with loss scaling); parameters and optimizer state stay fp32.
+        holdout: Train on the training split only (``True``) or on training and validation
+            together (``False``, the export: the search has already used the validation
+            split to choose the architecture).
     """
 
-    epochs: int = 5
-    lr: float = 2e-2
-    batch_size: int = 32
+    steps: int = 2000
+    lr: float = 4e-3
+    batch_size: int | str = AUTO
     weight_decay: float = 1e-4
     seed: int = 0
     latency_repeats: int = 20
     grad_clip: float = 0.0
     precision: str = "fp32"
+    holdout: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("epochs", "batch_size", "seed", "latency_repeats"):
+        for name in ("steps", "seed", "latency_repeats"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int):
                 raise TypeError(f"`{name}` must be an int, but got {value!r}.")
-        if self.epochs < 0:
-            raise ValueError(f"`epochs` is {self.epochs}, but must be >= 0.")
-        if self.batch_size < 1:
-            raise ValueError(f"`batch_size` is {self.batch_size}, but must be >= 1.")
+        if self.steps < 0:
+            raise ValueError(f"`steps` is {self.steps}, but must be >= 0.")
+        _check_batch_size("batch_size", self.batch_size)
         if self.latency_repeats < 0:
             raise ValueError(f"`latency_repeats` is {self.latency_repeats}, but must be >= 0.")
         if not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and self.lr > 0):
@@ -194,3 +264,5 @@ class ScratchTrainingConfig:
         if self.grad_clip < 0:
             raise ValueError(f"`grad_clip` is {self.grad_clip!r}, but must be >= 0.")
         check_choice("precision", self.precision, PRECISIONS)
+        if not isinstance(self.holdout, bool):
+            raise TypeError(f"`holdout` must be a bool, but got {self.holdout!r}.")

@@ -14,9 +14,11 @@ Per trial (on the leader unless said otherwise)::
     population steps of the supernet -> subnet with inherited weights, BatchNorm recalibrated
     -> FLOPs, parameters, latency, hard limits as constraints -> inherited score
     -> share (error, train?) with the group
-    -> every rank: per epoch of the stage plan, fine-tune in the engine (cosine lr per stage)
-       -> leader scores -> decide (report, prune, early stop; a fault on any rank fails it)
-    -> Outcome: complete (best epoch) / pruned / failed with a reason
+    -> every rank: per round of the stage plan (``eval_every`` steps, each stage's end),
+       fine-tune in the engine (cosine lr per stage) -> leader scores on the validation
+       (holdout, or the folds' pooled predictions) -> decide (report, prune, early stop,
+       time cap; a fault on any rank fails it)
+    -> Outcome: complete (the value at its last step) / pruned / failed with a reason
 
 Faults that belong to one candidate (a non-finite loss, ``MemoryError``, CUDA out of memory)
 end that trial with a reason; every other exception propagates (a bug is not a trial result).
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from collections.abc import Mapping
+import copy
 from dataclasses import dataclass
 from dataclasses import field
 from enum import Enum
@@ -33,6 +36,7 @@ import functools
 import gc
 import logging
 import math
+import time
 from typing import Any
 from typing import Protocol
 from typing import TYPE_CHECKING
@@ -44,10 +48,14 @@ import torch
 from torch import nn
 
 from optuna_hpcnas import _keys
-from optuna_hpcnas.data import iterate_batches
+from optuna_hpcnas.data import stream_batches
 from optuna_hpcnas.data import TaskData
 from optuna_hpcnas.evaluation._config import LIMITS
+from optuna_hpcnas.evaluation._config import lr_scale
 from optuna_hpcnas.evaluation._config import ObjectiveConfig
+from optuna_hpcnas.evaluation._config import resolve_batch_size
+from optuna_hpcnas.evaluation._folds import Folds
+from optuna_hpcnas.evaluation._folds import plan_validation
 from optuna_hpcnas.evaluation._latency import LatencyPredictor
 from optuna_hpcnas.evaluation._measure import count_flops
 from optuna_hpcnas.evaluation._measure import count_parameters
@@ -69,27 +77,27 @@ T = TypeVar("T")
 
 
 class Decision(str, Enum):
-    """What a trial does after an epoch (the same on every rank of a group)."""
+    """What a trial does after a round (the same on every rank of a group)."""
 
     CONTINUE = "continue"
     PRUNE = "prune"
-    STOP = "stop"  # early stopping: finished, with its best epoch
+    STOP = "stop"  # early stopping: finished, with its last value
     FAIL = "fail"
 
 
 @dataclass(frozen=True)
 class TrialPlan:
-    """How far one trial is trained and whether its epochs are reported to the pruner.
+    """How far one trial is trained and whether its rounds are reported to the pruner.
 
     Attributes:
         stages: The stage plan (the study's ``StagedPruner`` plan, or the objective's).
-        total_epochs: Epochs to run at most (the end of the last stage run).
-        report: Report every epoch (single-objective studies; Optuna prunes only those).
+        total_steps: Optimisation steps to run at most (the end of the last stage run).
+        report: Report every round (single-objective studies; Optuna prunes only those).
         maximize: Direction of the reported value.
     """
 
     stages: StagePlan
-    total_epochs: int
+    total_steps: int
     report: bool
     maximize: bool
 
@@ -116,10 +124,15 @@ class TrialPlan:
         maximize = not multi and study.direction == optuna.study.StudyDirection.MAXIMIZE
         return cls(plan, plan.boundaries[last], report=not multi, maximize=maximize or multi)
 
+    @property
+    def rounds(self) -> tuple[int, ...]:
+        """The steps after which the trial is validated (``StagePlan.report_steps``)."""
+        return self.stages.report_steps(self.total_steps)
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "stages": self.stages.to_dict(),
-            "total_epochs": self.total_epochs,
+            "total_steps": self.total_steps,
             "report": self.report,
             "maximize": self.maximize,
         }
@@ -128,7 +141,7 @@ class TrialPlan:
     def from_dict(cls, data: Mapping[str, Any]) -> TrialPlan:
         return cls(
             StagePlan(**data["stages"]),
-            int(data["total_epochs"]),
+            int(data["total_steps"]),
             bool(data["report"]),
             bool(data["maximize"]),
         )
@@ -172,9 +185,9 @@ class TrialLink(Protocol):
         ...
 
     def decide(
-        self, epoch: int, value: float | None, fault: str | None
+        self, step: int, value: float | None, fault: str | None
     ) -> tuple[Decision, str | None]:
-        """Collective: report ``value`` of ``epoch`` (leader) and return what to do, with the
+        """Collective: report ``value`` at ``step`` (leader) and return what to do, with the
         reason of a failure; a ``fault`` on any rank fails the trial."""
         ...
 
@@ -207,20 +220,20 @@ class OptunaTrialLink:
         return value
 
     def decide(
-        self, epoch: int, value: float | None, fault: str | None
+        self, step: int, value: float | None, fault: str | None
     ) -> tuple[Decision, str | None]:
-        return report_epoch(self.trial, self.plan, epoch, value, fault), fault
+        return report_round(self.trial, self.plan, step, value, fault), fault
 
 
-def report_epoch(
-    trial: optuna.Trial, plan: TrialPlan, epoch: int, value: float | None, fault: str | None
+def report_round(
+    trial: optuna.Trial, plan: TrialPlan, step: int, value: float | None, fault: str | None
 ) -> Decision:
-    """Report one epoch to ``trial`` and read the pruner's verdict."""
+    """Report the value at ``step`` to ``trial`` and read the pruner's verdict."""
     if fault is not None:
         return Decision.FAIL
     if not plan.report or value is None:
         return Decision.CONTINUE
-    trial.report(value, epoch)
+    trial.report(value, step)
     if not trial.should_prune():
         return Decision.CONTINUE
     pruner = trial.study.pruner
@@ -376,6 +389,12 @@ class TrialEvaluator:
             recalibration).
         config: Objective options.
         seed: Base seed; each trial's streams are seeded by ``(seed, trial number)``.
+
+    Attributes:
+        folds: Where candidates train and are scored (``plan_validation``: the holdout
+            split, or cross-validation folds on small data).
+        batch_size: The fine-tuning batch size (``config.batch_size`` resolved for the
+            smallest training set of ``folds``).
     """
 
     def __init__(
@@ -390,6 +409,17 @@ class TrialEvaluator:
         self.trainer = trainer
         self.config = config
         self.seed = seed
+        self.folds: Folds = plan_validation(
+            data, validation=config.validation, folds=config.folds, seed=seed
+        )
+        self.batch_size = resolve_batch_size(config.batch_size, self.folds.smallest_training_set)
+        self.lr_scale = lr_scale(config.batch_size, self.batch_size)
+        _logger.info(
+            "%s; batch size %d, stage learning rates x %.3g",
+            self.folds.describe(),
+            self.batch_size,
+            self.lr_scale,
+        )
         self.predictor = LatencyPredictor(trainer.supernet, repeats=config.latency_repeats)
         self._flops: dict[str, float] = {}
         self._deployed: list[tuple[Architecture, float]] = []  # onnx-int8 measurements
@@ -418,7 +448,17 @@ class TrialEvaluator:
         return self._flops[key]
 
     def warm_up(self, *, epochs: int | None = None, max_batches: int | None = None) -> list[float]:
-        """Train the shared weights with ``k`` paths per batch (``SupernetTrainer.fit``)."""
+        """Train the shared weights with ``k`` paths per batch (``SupernetTrainer.fit``).
+
+        Not under cross-validation: the shared weights would have learnt every fold's
+        validation samples, and each candidate's score would count them. Candidates then
+        start from the supernet's initial weights (the list of losses is empty)."""
+        if self.folds.kind == "cross-validation":
+            _logger.info(
+                "No supernet warm-up under cross-validation (its weights would have seen every "
+                "fold's validation samples): candidates start from the initial weights."
+            )
+            return []
         return self.trainer.fit(self.data.train, epochs=epochs, max_batches=max_batches)
 
     # ------------------------------------------------------------------ one trial
@@ -473,12 +513,12 @@ class TrialEvaluator:
         self._population_steps(link)
         model = self.trainer.calibrated_subnet(arch, self.data.train)
         costs = self._costs(arch, model, link)
-        accuracy, loss = evaluate(model, self.data.valid)
-        costs.update(accuracy=accuracy, loss=loss)
+        costs.update(self._validate([model] * len(self.folds.splits)))
+        accuracy = costs["accuracy"]
         link.record({_keys.OBJECTIVE_INHERITED_ACCURACY: accuracy})
         train = self._feasible(costs) or not self.config.skip_infeasible
         if not train:
-            link.record({_keys.OBJECTIVE_ACCURACY: accuracy, _keys.OBJECTIVE_EPOCHS: 0})
+            link.record({_keys.OBJECTIVE_ACCURACY: accuracy, _keys.OBJECTIVE_STEPS: 0})
         return _Prepared(model, costs, train)
 
     def _population_steps(self, link: TrialLink) -> None:
@@ -541,10 +581,18 @@ class TrialEvaluator:
         return True
 
     def _scalar(self, metrics: Mapping[str, float]) -> float:
-        """The reported value: the first objective, scalarised when it is accuracy."""
+        """The reported value: the first objective, scalarised when it is accuracy.
+
+        Accuracy ties are broken by the log-loss: less than half a sample of accuracy,
+        ``0.5 / n * (1 - exp(-loss))``, is taken off, so a lower loss ranks first among equal
+        accuracies and never above a higher accuracy.
+        """
         cfg = self.config
         first = cfg.objectives[0]
         value = metrics[first]
+        if first == "accuracy" and "loss" in metrics and math.isfinite(metrics["loss"]):
+            n = max(self.folds.validation_size, 1)
+            value -= 0.5 / n * (1.0 - math.exp(-max(metrics["loss"], 0.0)))
         if cfg.objectives == ("accuracy",):
             if cfg.flops_weight:
                 value += cfg.flops_weight * math.log(1.0 / max(metrics["flops"], 1.0))
@@ -566,13 +614,6 @@ class TrialEvaluator:
         return Outcome("failed", reason=reason)
 
     # ------------------------------------------------------------------ fine-tuning
-    def _epoch_batches(self, generator: torch.Generator) -> list[tuple[torch.Tensor, Any]]:
-        batches = iterate_batches(
-            self.data.train, self.config.batch_size, shuffle=True, generator=generator
-        )
-        cap = self.config.max_batches_per_epoch
-        return [b for i, b in zip(range(cap if cap is not None else 2**62), batches)]
-
     def _fine_tune(
         self,
         arch: Architecture,
@@ -584,55 +625,92 @@ class TrialEvaluator:
     ) -> Outcome:
         if model is None:  # not the leader: the engine replaces these weights by the leader's
             model = self.supernet.subnet(arch).to(self.trainer.device)
-        session = engine.open(model, arch, self.fine_tuning)
+        models, sessions = self._open(arch, link, engine, model)
         plan = link.plan
-        generator = torch.Generator().manual_seed(trial_seed(self.seed, link.number))
-        per_epoch = math.ceil(len(self.data.train) / self.config.batch_size)  # type: ignore[arg-type]
-        if self.config.max_batches_per_epoch is not None:
-            per_epoch = min(per_epoch, self.config.max_batches_per_epoch)
-        best: tuple[float, dict[str, float]] | None = None
+        base = trial_seed(self.seed, link.number)
+        streams = [
+            stream_batches(
+                train, self.batch_size, generator=torch.Generator().manual_seed(base + f)
+            )
+            for f, (train, _) in enumerate(self.folds.splits[: len(sessions)])
+        ]
         metrics = dict(costs)
         stage_name = None
+        started, done = time.perf_counter(), 0
         try:
-            for epoch in range(1, plan.total_epochs + 1):
-                index = plan.stages.stage_index(epoch)
-                stage = plan.stages.stages[index]
+            for step in plan.rounds:
+                stage = plan.stages.stages[plan.stages.stage_index(step)]
                 if stage.name != stage_name:
                     stage_name = stage.name
                     link.record({_keys.OBJECTIVE_STAGE: stage.name})
                 result = self._guard(
                     functools.partial(
-                        self._epoch, session, model, generator, epoch, per_epoch, link, on_step
+                        self._round, sessions, models, streams, done, step, link, on_step
                     )
                 )
+                done = step
                 fault = result if isinstance(result, str) else None
                 value = None
                 if not isinstance(result, str) and link.is_leader:
                     metrics.update(result)
                     value = self._scalar(metrics)
-                    link.record({_keys.OBJECTIVE_EPOCHS: epoch})
-                    if not plan.report or best is None or (value > best[0]) == plan.maximize:
-                        # the accuracy the trial ends with: its best epoch's when reported
-                        best = (value, dict(metrics))
-                        link.record({_keys.OBJECTIVE_ACCURACY: metrics["accuracy"]})
-                decision, reason = link.decide(epoch, value, fault)
+                    link.record(
+                        {_keys.OBJECTIVE_STEPS: step, _keys.OBJECTIVE_ACCURACY: result["accuracy"]}
+                    )
+                decision, reason = link.decide(step, value, fault)
                 if decision == Decision.FAIL:
                     return self._failed(link, reason or "failed on another rank")
                 if decision == Decision.PRUNE:
                     return Outcome(
-                        "pruned", reason=f"pruned at epoch {epoch} (stage {stage.name!r})"
+                        "pruned", reason=f"pruned at step {step} (stage {stage.name!r})"
                     )
                 if decision == Decision.STOP:
-                    link.record({_keys.OBJECTIVE_EARLY_STOPPED: epoch})
+                    link.record({_keys.OBJECTIVE_EARLY_STOPPED: step})
+                    break
+                if self._over_time(link, started, step, plan.total_steps):
                     break
         finally:
-            if session is not None:
-                session.close()
+            for session in sessions:
+                if session is not None:
+                    session.close()
         if not link.is_leader:
             return Outcome("complete")
-        if plan.report and best is not None:
-            return self._complete(link, self._values(best[0], best[1]), best[1])
+        # the value at the last step (the end of the last stage, an early stop or the time
+        # cap), never the best on the way: on small validation sets the best is a spike
         return self._complete(link, self._values(None, metrics), metrics)
+
+    def _open(
+        self, arch: Architecture, link: TrialLink, engine: Engine, model: nn.Module
+    ) -> tuple[list[nn.Module], list[EngineSession | None]]:
+        """One model and session per fold. Folds train on the leader in plain PyTorch (their
+        data is small); a holdout trains in ``engine`` on every rank it takes."""
+        if len(self.folds.splits) == 1:
+            return [model], [engine.open(model, arch, self.fine_tuning)]
+        if not link.is_leader:
+            return [model], [None]
+        models = [model] + [copy.deepcopy(model) for _ in self.folds.splits[1:]]
+        local = LocalEngine()
+        return models, [local.open(m, arch, self.fine_tuning) for m in models]
+
+    def _over_time(self, link: TrialLink, started: float, step: int, total: int) -> bool:
+        """Whether the trial has trained past ``max_trial_seconds`` (the leader's clock,
+        shared: every rank stops at the same round)."""
+        cap = self.config.max_trial_seconds
+        if cap is None or step >= total:
+            return False
+        over = link.is_leader and time.perf_counter() - started > cap
+        if not link.share(over):
+            return False
+        link.record({_keys.OBJECTIVE_TIME_CAPPED: step})
+        if link.is_leader:
+            _logger.info(
+                "Trial %d reached the time cap (%.0f s) at step %d of %d.",
+                link.number,
+                cap,
+                step,
+                total,
+            )
+        return True
 
     def _complete(
         self, link: TrialLink, values: tuple[float, ...], metrics: dict[str, float]
@@ -648,37 +726,52 @@ class TrialEvaluator:
             return self._failed(link, f"non-finite objective value ({', '.join(bad)})")
         return Outcome("complete", values, metrics=metrics)
 
-    def _epoch(
+    def _round(
         self,
-        session: EngineSession | None,
-        model: nn.Module,
-        generator: torch.Generator,
-        epoch: int,
-        per_epoch: int,
+        sessions: list[EngineSession | None],
+        models: list[nn.Module],
+        streams: list[Any],
+        done: int,
+        until: int,
         link: TrialLink,
         on_step: Callable[[], None] | None,
     ) -> dict[str, float]:
-        """One epoch of fine-tuning, then the leader's validation metrics."""
+        """Steps ``done + 1 .. until`` of every fold's model, then the leader's validation
+        metrics (pooled over the folds)."""
         stages = link.plan.stages
-        index = stages.stage_index(epoch)
-        stage = stages.stages[index]
-        first = stages.boundaries[index - 1] + 1 if index > 0 else 1
-        stage_steps = max(1, (stages.boundaries[index] - first + 1) * per_epoch)
-        batches = self._epoch_batches(generator)
-        if session is not None:
-            for b, (x, y) in enumerate(batches):
-                lr = stage.lr
-                if self.config.stage_schedule == "cosine":
-                    lr = cosine_lr(stage.lr, (epoch - first) * per_epoch + b, stage_steps)
+        for step in range(done + 1, until + 1):
+            index = stages.stage_index(step)
+            stage = stages.stages[index]
+            lr = stage.lr * self.lr_scale
+            if self.config.stage_schedule == "cosine":
+                lr = cosine_lr(lr, step - 1 - stages.stage_start(index), stage.steps)
+            for session, stream in zip(sessions, streams):
+                x, y = next(stream)  # every rank draws the same batches
+                if session is None:
+                    continue
                 session.set_lr(lr)
                 if not session.step(x, y).finite:
-                    raise _CandidateFault(f"{NON_FINITE} at epoch {epoch} (stage {stage.name!r})")
-                if on_step is not None:
-                    on_step()
-            session.synchronise()
+                    raise _CandidateFault(f"{NON_FINITE} at step {step} (stage {stage.name!r})")
+            if on_step is not None:
+                on_step()
+        for session in sessions:
+            if session is not None:
+                session.synchronise()
         if not link.is_leader:
             return {}
-        accuracy, loss = evaluate(model, self.data.valid)
-        if not math.isfinite(loss):
-            raise _CandidateFault(f"{NON_FINITE} at epoch {epoch} (stage {stage.name!r})")
-        return {"accuracy": accuracy, "loss": loss}
+        metrics = self._validate(models)
+        if not math.isfinite(metrics["loss"]):
+            raise _CandidateFault(f"{NON_FINITE} at step {until}")
+        return metrics
+
+    def _validate(self, models: list[nn.Module]) -> dict[str, float]:
+        """Accuracy and mean log-loss of each fold's model on its fold, pooled."""
+        correct = loss = 0.0
+        n = 0
+        for model, (_, valid) in zip(models, self.folds.splits):
+            size = len(valid)  # type: ignore[arg-type]
+            accuracy, mean_loss = evaluate(model, valid)
+            correct += accuracy * size
+            loss += mean_loss * size
+            n += size
+        return {"accuracy": correct / max(n, 1), "loss": loss / max(n, 1)}

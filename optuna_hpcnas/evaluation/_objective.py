@@ -39,9 +39,11 @@ class SupernetObjective:
 
     Per trial: suggest an architecture from ``space``; export its subnet from the supernet
     and recompute its BatchNorm statistics; count FLOPs and parameters, measure and predict
-    latency, set the hard limits as constraints; then fine-tune it stage by stage (the stage's
-    learning rate), reporting the validation objective after every epoch so a
-    ``StagedPruner`` can stop it. Returns the scalarised objective or the tuple of objectives.
+    latency, set the hard limits as constraints; then fine-tune it stage by stage (budgets of
+    optimisation steps, the stage's learning rate), reporting the validation objective every
+    ``eval_every`` steps and at each stage's end so a ``StagedPruner`` can stop it. On small
+    data the validation is cross-validation (``ObjectiveConfig.validation``). Returns the
+    scalarised objective or the tuple of objectives.
     The supernet itself is not changed by fine-tuning.
 
     Args:
@@ -67,11 +69,11 @@ class SupernetObjective:
         >>> objective = SupernetObjective(
         ...     space, load_digits_task(),
         ...     training=SupernetTrainingConfig(paths_per_batch=2, epochs=1),
-        ...     config=ObjectiveConfig(max_batches_per_epoch=2, latency_repeats=2),
+        ...     config=ObjectiveConfig(latency_repeats=2),
         ... )
         >>> _ = objective.train_supernet(max_batches=2)
         >>> study = optuna.create_study(direction="maximize",
-        ...                             pruner=StagedPruner(StagePlan(scale=0.02)))
+        ...                             pruner=StagedPruner(StagePlan(scale=0.01)))
         >>> study.optimize(objective, n_trials=2)
     """
 

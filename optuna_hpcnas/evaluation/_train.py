@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import time
 from typing import Any
 
@@ -11,7 +10,11 @@ from torch import nn
 import torch.nn.functional as F
 
 from optuna_hpcnas.data import iterate_batches
+from optuna_hpcnas.data import joined
+from optuna_hpcnas.data import stream_batches
 from optuna_hpcnas.data import TaskData
+from optuna_hpcnas.evaluation._config import lr_scale
+from optuna_hpcnas.evaluation._config import resolve_batch_size
 from optuna_hpcnas.evaluation._config import ScratchTrainingConfig
 from optuna_hpcnas.evaluation._measure import count_flops
 from optuna_hpcnas.evaluation._measure import count_parameters
@@ -58,38 +61,41 @@ def train_from_scratch(
     arch: Architecture,
     data: TaskData,
     *,
-    epochs: int = 5,
-    lr: float = 2e-2,
-    batch_size: int = 32,
+    steps: int = 500,
+    lr: float = 1e-3,
+    batch_size: int | str = "auto",
     weight_decay: float = 1e-4,
     seed: int = 0,
     latency_repeats: int = 20,
+    holdout: bool = True,
 ) -> dict[str, Any]:
     """Train ``arch`` alone from a fresh initialisation and measure it.
 
-    Deterministic for a given ``seed`` on one thread. Returns ``valid_accuracy``,
-    ``valid_loss``, ``test_accuracy``, ``test_loss``, ``flops`` (one sample), ``params``,
-    ``latency_s`` (median forward of one sample, ``nan`` when ``latency_repeats`` is 0),
-    ``train_seconds`` and ``epochs``.
+    Deterministic for a given ``seed`` on one thread. Trains on the training split only by
+    default (``holdout``), so its validation accuracy is a reference for the search's.
+    Returns ``valid_accuracy``, ``valid_loss``, ``test_accuracy``, ``test_loss``, ``flops``
+    (one sample), ``params``, ``latency_s`` (median forward of one sample, ``nan`` when
+    ``latency_repeats`` is 0), ``train_seconds``, ``steps`` and ``batch_size``.
 
     Example:
         >>> from optuna_hpcnas import HierarchicalSearchSpace
         >>> from optuna_hpcnas.data import load_digits_task
         >>> space = HierarchicalSearchSpace.preset("digits-small")
         >>> arch = next(iter(space.enumerate()))
-        >>> result = train_from_scratch(space, arch, load_digits_task(), epochs=1)
+        >>> result = train_from_scratch(space, arch, load_digits_task(), steps=5)
         >>> 0.0 <= result["valid_accuracy"] <= 1.0
         True
     """
     from optuna_hpcnas.supernet import SuperNet
 
     config = ScratchTrainingConfig(
-        epochs=epochs,
+        steps=steps,
         lr=lr,
         batch_size=batch_size,
         weight_decay=weight_decay,
         seed=seed,
         latency_repeats=latency_repeats,
+        holdout=holdout,
     )
     if data.domain != space.domain:
         raise ValueError(f"The data is {data.domain!r}, but the space is {space.domain!r}.")
@@ -102,16 +108,26 @@ def train_from_scratch(
     return train_model(model, data, config)
 
 
-def train_model(model: nn.Module, data: TaskData, config: ScratchTrainingConfig) -> dict[str, Any]:
-    """Train ``model`` on ``data.train`` with ``config``'s recipe (Adam, cosine-decayed
-    learning rate, no warm-up) from the weights it has, then measure it (the keys of
-    ``train_from_scratch``). ``hpcnas export`` trains the architecture it exports with this.
+def train_model(
+    model: nn.Module,
+    data: TaskData,
+    config: ScratchTrainingConfig,
+    *,
+    on_step: Any = None,
+) -> dict[str, Any]:
+    """Train ``model`` with ``config``'s recipe (Adam, cosine-decayed learning rate, no
+    warm-up, ``config.steps`` steps) from the weights it has, then measure it (the keys of
+    ``train_from_scratch``). It trains on the training split, plus the validation split
+    unless ``config.holdout``: ``hpcnas export`` trains the architecture it exports this way.
+    ``on_step(step, loss)`` is called after every step (a training curve).
 
     Raises:
-        NonFiniteLossError: A batch's loss was not finite (the message names the epoch).
+        NonFiniteLossError: A batch's loss was not finite (the message names the step).
     """
+    train = data.train if config.holdout else joined(data.train, data.valid)
+    batch_size = resolve_batch_size(config.batch_size, len(train))  # type: ignore[arg-type]
     start = time.perf_counter()
-    _fit(model, data, config)
+    _fit(model, train, config, batch_size, on_step)
     train_seconds = time.perf_counter() - start
     model.eval()
     valid_accuracy, valid_loss = evaluate(model, data.valid)
@@ -130,12 +146,20 @@ def train_model(model: nn.Module, data: TaskData, config: ScratchTrainingConfig)
         "params": count_parameters(model),
         "latency_s": latency,
         "train_seconds": train_seconds,
-        "epochs": config.epochs,
+        "steps": config.steps,
+        "batch_size": batch_size,
+        "trained_on": len(train),  # type: ignore[arg-type]
     }
 
 
-def _fit(model: nn.Module, data: TaskData, config: ScratchTrainingConfig) -> None:
-    """``config.epochs`` epochs of the supernet's ``train_step`` (one plain path, ``config``'s
+def _fit(
+    model: nn.Module,
+    train: Any,
+    config: ScratchTrainingConfig,
+    batch_size: int,
+    on_step: Any,
+) -> None:
+    """``config.steps`` steps of the supernet's ``train_step`` (one plain path, ``config``'s
     precision and clipping) on shuffled batches, at the step's ``cosine_lr``; on the model's
     device, torch's global RNG untouched."""
     generator = torch.Generator().manual_seed(config.seed)
@@ -145,26 +169,25 @@ def _fit(model: nn.Module, data: TaskData, config: ScratchTrainingConfig) -> Non
         raise ValueError("`precision` is 'fp16', which needs a GPU; use 'bf16' on a CPU.")
     scaler = torch.amp.GradScaler("cuda") if precision == Precision.FP16 else None
     model.train()
+    lr = config.lr * lr_scale(config.batch_size, batch_size)
     optimizer = torch_optimizer(
-        "adam", model.parameters(), lr=config.lr, momentum=0.0, weight_decay=config.weight_decay
+        "adam", model.parameters(), lr=lr, momentum=0.0, weight_decay=config.weight_decay
     )
-    per_epoch = math.ceil(len(data.train) / config.batch_size)  # type: ignore[arg-type]
-    total = max(config.epochs * per_epoch, 1)
+    total = max(config.steps, 1)
+    batches = stream_batches(train, batch_size, generator=generator)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(config.seed)  # dropout and the like draw from it
-        for epoch in range(1, config.epochs + 1):
-            batches = iterate_batches(
-                data.train, config.batch_size, shuffle=True, generator=generator
-            )
-            for b, (x, y) in enumerate(batches):
-                for group in optimizer.param_groups:
-                    group["lr"] = cosine_lr(config.lr, (epoch - 1) * per_epoch + b, total)
-                result = train_step(
-                    model, optimizer, x.to(device), y.to(device), [None],
-                    precision=precision, scaler=scaler, grad_clip=config.grad_clip,
-                )  # fmt: skip
-                if not result.finite:
-                    raise NonFiniteLossError(
-                        f"{NON_FINITE} at epoch {epoch} of {config.epochs} (batch {b + 1} of "
-                        f"{per_epoch}): lower `lr` or set `grad_clip`"
-                    )
+        for step, (x, y) in zip(range(config.steps), batches):
+            for group in optimizer.param_groups:
+                group["lr"] = cosine_lr(lr, step, total)
+            result = train_step(
+                model, optimizer, x.to(device), y.to(device), [None],
+                precision=precision, scaler=scaler, grad_clip=config.grad_clip,
+            )  # fmt: skip
+            if not result.finite:
+                raise NonFiniteLossError(
+                    f"{NON_FINITE} at step {step + 1} of {config.steps}: lower `lr` or set "
+                    "`grad_clip`"
+                )
+            if on_step is not None:
+                on_step(step + 1, result.loss)

@@ -1,11 +1,14 @@
 """``StagedPruner``: quick / medium / full evaluation stages with promotion between them.
 
-A trial reports one value per training epoch (``step`` = epochs done so far, from 1). Stage
-``s`` ends at the cumulative epoch count of stages ``0 .. s``; there the trial's best value so
-far is written to its system attributes and compared with the values every other trial of the
-study recorded at the same stage, exactly as Optuna's ``SuccessiveHalvingPruner`` compares
-rungs: the storage decides, so parallel workers agree without talking. Independently, a trial
-that has not improved for ``patience`` epochs is stopped.
+Budgets are optimisation steps, never epochs: an epoch is 1 step on 40 series and 100 on
+6,400, so a recipe in epochs gives some candidates nothing to learn from. A trial reports its
+validation value every ``eval_every`` steps and at the end of every stage (``step`` = the
+optimisation steps done so far). Stage ``s`` ends at the cumulative steps of stages
+``0 .. s``; there the trial's value at that step is written to its system attributes and
+compared with the values every other trial of the study recorded at the same stage, as
+Optuna's ``SuccessiveHalvingPruner`` compares rungs: the storage decides, so parallel workers
+agree without talking. Independently, a trial that has not improved for ``patience`` steps is
+stopped.
 """
 
 from __future__ import annotations
@@ -24,6 +27,11 @@ from optuna.trial import FrozenTrial
 
 from optuna_hpcnas import _keys
 
+_EPOCHS_MOVED = (
+    "budgets are optimisation steps: write `steps` instead of `epochs` (steps = epochs x "
+    "batches per epoch; 100-600 steps per stage suit most small data sets)"
+)
+
 
 @dataclass(frozen=True)
 class Stage:
@@ -31,36 +39,43 @@ class Stage:
 
     Args:
         name: Stage name (unique in a plan), e.g. ``"quick"``.
-        epochs: Training epochs spent in this stage.
+        steps: Optimisation steps spent in this stage.
         lr: Learning rate of the fine-tuning in this stage.
         promote: Share of the trials that reach the end of this stage and go on to the next
             (ignored for the last stage).
     """
 
     name: str
-    epochs: int
+    steps: int
     lr: float
     promote: float = 0.5
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
             raise ValueError(f"Stage `name` must be a non-empty string, but got {self.name!r}.")
-        if isinstance(self.epochs, bool) or not isinstance(self.epochs, int):
-            raise TypeError(f"Stage `epochs` must be an int, but got {self.epochs!r}.")
-        if self.epochs < 1:
-            raise ValueError(f"Stage `epochs` is {self.epochs}, but must be >= 1.")
+        if isinstance(self.steps, bool) or not isinstance(self.steps, int):
+            raise TypeError(f"Stage `steps` must be an int, but got {self.steps!r}.")
+        if self.steps < 1:
+            raise ValueError(f"Stage `steps` is {self.steps}, but must be >= 1.")
         if not isinstance(self.lr, (int, float)) or not (math.isfinite(self.lr) and self.lr > 0):
             raise ValueError(f"Stage `lr` is {self.lr!r}, but must be a finite number > 0.")
         if not isinstance(self.promote, (int, float)) or not 0 < self.promote <= 1:
             raise ValueError(f"Stage `promote` is {self.promote!r}, but must be in (0, 1].")
 
+    @classmethod
+    def from_mapping(cls, table: Mapping[str, Any]) -> Stage:
+        """A stage from a TOML table (``{name, steps, lr, promote}``)."""
+        if "epochs" in table:
+            raise ValueError(f"Stage {table.get('name', '')!r}: {_EPOCHS_MOVED}.")
+        return cls(**dict(table))
+
 
 def _default_stages() -> tuple[Stage, ...]:
-    # The source articles: quick 1 epoch lr 1e-3, medium 5 epochs lr 1e-2, full 50 epochs lr 1e-1.
+    # The source articles' quick (lr 1e-3) / medium (1e-2) / full (1e-1) stages, in steps.
     return (
-        Stage("quick", 1, 1e-3, promote=1 / 3),
-        Stage("medium", 5, 1e-2, promote=1 / 3),
-        Stage("full", 50, 1e-1, promote=1.0),
+        Stage("quick", 100, 1e-3, promote=1 / 3),
+        Stage("medium", 400, 1e-2, promote=1 / 3),
+        Stage("full", 2000, 1e-1, promote=1.0),
     )
 
 
@@ -70,28 +85,33 @@ class StagePlan:
 
     Args:
         stages: ``Stage`` objects or mappings with their fields, in order.
-        patience: Stop a trial after this many epochs without improvement (``0``: never).
-        scale: Multiplies every stage's epochs (rounded up, at least 1): small data sets
-            need fewer epochs than the articles' ones.
+        patience: Stop a trial after this many steps without improvement (``0``: never).
+        eval_every: Steps between two validations inside a stage (every stage also ends with
+            one); ``None``: half the shortest stage.
+        scale: Multiplies every stage's steps, the patience and ``eval_every`` (rounded up, at
+            least 1): a quick way to shorten a whole plan.
         min_delta: Smallest change that counts as an improvement.
 
     Example:
-        >>> plan = StagePlan(scale=0.2)
-        >>> [(s.name, s.epochs) for s in plan.stages]
-        [('quick', 1), ('medium', 1), ('full', 10)]
+        >>> plan = StagePlan(scale=0.1)
+        >>> [(s.name, s.steps) for s in plan.stages]
+        [('quick', 10), ('medium', 40), ('full', 200)]
         >>> plan.boundaries
-        (1, 2, 12)
+        (10, 50, 250)
+        >>> plan.report_steps(50)
+        (5, 10, 15, 20, 25, 30, 35, 40, 45, 50)
     """
 
     stages: tuple[Stage, ...] = field(default_factory=_default_stages)
-    patience: int = 3
+    patience: int = 0
+    eval_every: int | None = None
     scale: float = 1.0
     min_delta: float = 0.0
 
     def __post_init__(self) -> None:
         if isinstance(self.stages, (str, bytes)) or not isinstance(self.stages, Sequence):
             raise TypeError(f"`stages` must be a sequence of stages, but got {self.stages!r}.")
-        stages = tuple(s if isinstance(s, Stage) else Stage(**dict(s)) for s in self.stages)
+        stages = tuple(s if isinstance(s, Stage) else Stage.from_mapping(s) for s in self.stages)
         if not stages:
             raise ValueError("`stages` is empty; give at least one stage.")
         names = [s.name for s in stages]
@@ -100,47 +120,83 @@ class StagePlan:
         if isinstance(self.patience, bool) or not isinstance(self.patience, int):
             raise TypeError(f"`patience` must be an int, but got {self.patience!r}.")
         if self.patience < 0:
-            raise ValueError(f"`patience` is {self.patience}, but must be >= 0.")
+            raise ValueError(f"`patience` is {self.patience}, but must be >= 0 (steps).")
+        if self.eval_every is not None and (
+            isinstance(self.eval_every, bool)
+            or not isinstance(self.eval_every, int)
+            or self.eval_every < 1
+        ):
+            raise ValueError(f"`eval_every` is {self.eval_every!r}, but must be an int >= 1.")
         if not isinstance(self.scale, (int, float)) or not (
             math.isfinite(self.scale) and self.scale > 0
         ):
             raise ValueError(f"`scale` is {self.scale!r}, but must be a finite number > 0.")
         if not isinstance(self.min_delta, (int, float)) or self.min_delta < 0:
             raise ValueError(f"`min_delta` is {self.min_delta!r}, but must be >= 0.")
+        every = self.eval_every or max(1, min(s.steps for s in stages) // 2)
+        patience = self.patience
         if self.scale != 1.0:
             stages = tuple(
-                Stage(s.name, max(1, math.ceil(s.epochs * self.scale - 1e-9)), s.lr, s.promote)
-                for s in stages
+                Stage(s.name, _scaled(s.steps, self.scale), s.lr, s.promote) for s in stages
             )
+            every = _scaled(every, self.scale)
+            patience = _scaled(patience, self.scale) if patience else 0
             object.__setattr__(self, "scale", 1.0)
         object.__setattr__(self, "stages", stages)
+        object.__setattr__(self, "eval_every", every)
+        object.__setattr__(self, "patience", patience)
 
     @property
     def boundaries(self) -> tuple[int, ...]:
-        """Cumulative epochs at the end of each stage."""
+        """Cumulative steps at the end of each stage."""
         out, total = [], 0
         for s in self.stages:
-            total += s.epochs
+            total += s.steps
             out.append(total)
         return tuple(out)
 
     @property
-    def total_epochs(self) -> int:
+    def total_steps(self) -> int:
         return self.boundaries[-1]
 
-    def stage_index(self, epoch: int) -> int:
-        """Index of the stage epoch ``epoch`` (from 1) belongs to."""
+    def stage_index(self, step: int) -> int:
+        """Index of the stage step ``step`` (from 1) belongs to."""
         for i, end in enumerate(self.boundaries):
-            if epoch <= end:
+            if step <= end:
                 return i
         return len(self.stages) - 1
+
+    def stage_start(self, index: int) -> int:
+        """Steps done before stage ``index`` starts."""
+        return self.boundaries[index - 1] if index > 0 else 0
+
+    def report_steps(self, until: int) -> tuple[int, ...]:
+        """The steps after which a trial trained to ``until`` steps is validated: every
+        ``eval_every`` steps from the start of each stage, and each stage's end."""
+        every = int(self.eval_every or 1)
+        out: list[int] = []
+        for index, end in enumerate(self.boundaries):
+            start = self.stage_start(index)
+            out.extend(range(start + every, min(end, until), every))
+            if end <= until:
+                out.append(end)
+            if end >= until:
+                if out[-1:] != [until]:
+                    out.append(until)
+                break
+        return tuple(out)
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "stages": [vars(s).copy() for s in self.stages],
             "patience": self.patience,
+            "eval_every": self.eval_every,
             "min_delta": self.min_delta,
         }
+
+
+def _scaled(steps: int, scale: float) -> int:
+    return max(1, math.ceil(steps * scale - 1e-9))
 
 
 class StagedPruner(BasePruner):
@@ -150,26 +206,27 @@ class StagedPruner(BasePruner):
         plan: The stages; the quick / medium / full plan of the source articles by default.
         patience: Overrides ``plan.patience`` when given.
 
-    Report the validation metric once per epoch with ``trial.report(value, epoch)``, epochs
-    counted from 1. ``should_prune()`` is true for a trial that ends a stage outside the
-    promoted share of that stage, or that has not improved for ``patience`` epochs. The second
+    Report the validation metric with ``trial.report(value, step)``, ``step`` the
+    optimisation steps done, at least at the end of every stage (``plan.report_steps``).
+    ``should_prune()`` is true for a trial whose value at the end of a stage is outside the
+    promoted share of that stage, or that has not improved for ``patience`` steps. The second
     case is early stopping, not a verdict: ``StagedPruner.early_stopped(trial)`` tells them
-    apart, and an objective may finish such a trial with its best value (``SupernetObjective``
-    does). The stage a trial reached is in its system attributes
+    apart, and an objective may finish such a trial with its last value
+    (``SupernetObjective`` does). The stage a trial reached is in its system attributes
     (``StagedPruner.stage_reached(trial)``), the reason of a stop under
     ``optuna_hpcnas._keys.PRUNER_REASON``.
 
     Example:
         >>> import optuna
-        >>> pruner = StagedPruner(StagePlan(scale=0.1))
+        >>> pruner = StagedPruner(StagePlan(scale=0.01))
         >>> study = optuna.create_study(direction="maximize", pruner=pruner)
         >>> def objective(trial):
         ...     x = trial.suggest_float("x", 0, 1)
-        ...     for epoch in range(1, pruner.plan.total_epochs + 1):
-        ...         trial.report(x * epoch, epoch)
+        ...     for step in pruner.plan.report_steps(pruner.plan.total_steps):
+        ...         trial.report(x * step, step)
         ...         if trial.should_prune():
         ...             raise optuna.TrialPruned()
-        ...     return x * epoch
+        ...     return x * step
         >>> study.optimize(objective, n_trials=5)
     """
 
@@ -183,7 +240,12 @@ class StagedPruner(BasePruner):
         elif not isinstance(plan, StagePlan):
             raise TypeError(f"`plan` must be a StagePlan, but got {type(plan).__name__}.")
         if patience is not None:
-            plan = StagePlan(plan.stages, patience=patience, min_delta=plan.min_delta)
+            plan = StagePlan(
+                plan.stages,
+                patience=patience,
+                eval_every=plan.eval_every,
+                min_delta=plan.min_delta,
+            )
         self._plan = plan
 
     @property
@@ -228,15 +290,17 @@ class StagedPruner(BasePruner):
             writes[_keys.PRUNER_REASON] = "no finite value"
             pruned = True
         elif stop == "patience":
-            reason = f"no improvement for {plan.patience} epochs (stage {name!r}, epoch {step})"
+            reason = f"no improvement for {plan.patience} steps (stage {name!r}, step {step})"
             writes[_keys.PRUNER_REASON] = reason
             writes[_keys.PRUNER_EARLY_STOPPED] = step
             pruned = True
         elif stop == "stage boundary":
-            best = max(v for _, v in finite) if maximize else min(v for _, v in finite)
+            # the value at the stage's end (as a rung's), not the best on the way: a spike on
+            # a small validation set is not what the next stage starts from
+            last = values[step] if math.isfinite(values[step]) else finite[-1][1]
             key = _keys.PRUNER_STAGE_VALUE + name
             if key not in trial.system_attrs:
-                writes[key] = best
+                writes[key] = last
             # written before the others are read: of two trials ending the stage at once,
             # the later reader sees the other
             self._write(study, trial, writes)
@@ -246,10 +310,10 @@ class StagedPruner(BasePruner):
                 for t in study.get_trials(deepcopy=False)
                 if key in t.system_attrs and t._trial_id != trial._trial_id
             ]
-            entry = (best, trial.number)
+            entry = (last, trial.number)
             competing.append(entry)
             if not _promotable(entry, competing, plan.stages[stage].promote, maximize):
-                reason = f"not promoted after stage {name!r} (epoch {step})"
+                reason = f"not promoted after stage {name!r} (step {step})"
                 writes[_keys.PRUNER_REASON] = reason
                 pruned = True
         self._write(study, trial, writes)
@@ -275,7 +339,7 @@ class StagedPruner(BasePruner):
         """Whether :meth:`prune` could return ``True`` for a trial with these intermediate
         values, judged from the trial's own values only (``False``: it surely continues).
 
-        The runner reports such epochs without waiting for the storage.
+        The runner reports such steps without waiting for the storage.
         """
         if not intermediate_values:
             return False

@@ -126,11 +126,11 @@ class StudyCalls:
         return self._call(_records.finished_architectures, self.study, size)
 
     # ------------------------------------------------------------------ during a trial
-    def report(self, trial: optuna.Trial, plan: TrialPlan, epoch: int, value: float) -> Decision:
-        """Report one epoch and read the pruner's verdict."""
-        from optuna_hpcnas.evaluation import report_epoch
+    def report(self, trial: optuna.Trial, plan: TrialPlan, step: int, value: float) -> Decision:
+        """Report the value at ``step`` and read the pruner's verdict."""
+        from optuna_hpcnas.evaluation import report_round
 
-        return self._call(report_epoch, trial, plan, epoch, value, None)
+        return self._call(report_round, trial, plan, step, value, None)
 
     def constrain(self, trial: optuna.Trial, name: str, value: float) -> None:
         self._call(trial.set_constraint, name, value)

@@ -120,13 +120,29 @@ def launch(config: RunConfig, *, resume: bool, progress: bool = True) -> Launche
         except StorageError as e:  # e.g. checkpoints on a journal without an artifact store
             raise LaunchError(str(e)) from None
         except SetupError as e:  # the same line on every rank
-            raise LaunchError(str(e)) from None
+            raise _setup_error(e) from None
         except Exception as e:
             _raise_if_out_of_space(e, "the search stopped", "run `hpcnas resume`")
             raise
     if comm.Get_rank() != 0:
         return Launched(storage, name, comm.Get_rank(), ran=True)
     return Launched(storage, name, 0, ran=True, status=_finish(config))
+
+
+def _setup_error(error: SetupError) -> LaunchError:
+    """A failed setup step as what the command line says: its cause's own line where it has
+    one (a lost storage, a full disk), else the step's line."""
+    cause = error.__cause__
+    if isinstance(cause, StorageUnavailable):
+        return StorageLost(_resume_hint(str(cause)))
+    if isinstance(cause, StorageError):
+        return LaunchError(str(cause))
+    if isinstance(cause, Exception):
+        try:
+            _raise_if_out_of_space(cause, "the search stopped", "run `hpcnas resume`")
+        except LaunchError as full:
+            return full
+    return LaunchError(str(error))
 
 
 def _resume_hint(message: str) -> str:

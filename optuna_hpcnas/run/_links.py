@@ -2,7 +2,7 @@
 
 The group leader owns the ``optuna.Trial``: ``LeaderLink`` reports and prunes through it and
 broadcasts each decision; every other rank holds a ``FollowerLink`` that receives them. A
-fault on any rank (a non-finite loss, out of memory) reaches every rank through the per-epoch
+fault on any rank (a non-finite loss, out of memory) reaches every rank through the per-round
 ``decide`` (an all-gather), so the whole group fails that one trial and goes on.
 """
 
@@ -66,7 +66,7 @@ class LeaderLink:
 
     def record(self, attrs: Mapping[str, Any]) -> None:
         # Kept until the trial is told (``take_records``): written once, with the tell,
-        # instead of once per key and epoch; nobody reads them before the result.
+        # instead of once per key and round; nobody reads them before the result.
         self._pending.update(attrs)
 
     def take_records(self) -> dict[str, Any]:
@@ -87,29 +87,29 @@ class LeaderLink:
             return self._channel.share(value)
 
     def decide(
-        self, epoch: int, value: float | None, fault: str | None
+        self, step: int, value: float | None, fault: str | None
     ) -> tuple[Decision, str | None]:
         with self._tracker.track("communication"):
             fault = _first_fault(self._comm.allgather(fault))
-        decision = self._report(epoch, value, fault)
+        decision = self._report(step, value, fault)
         with self._tracker.track("communication"):
             return self._channel.share(decision), fault
 
-    def _report(self, epoch: int, value: float | None, fault: str | None) -> Decision:
+    def _report(self, step: int, value: float | None, fault: str | None) -> Decision:
         """The report, queued on the write thread; its verdict is awaited only when it could
         be anything but "continue"."""
-        with self._channel.leader_section(f"at epoch {epoch}"):
+        with self._channel.leader_section(f"at step {step}"):
             self._queue.check_storage()  # past the outage window: the whole group stops
         if fault is not None:
             return Decision.FAIL
         if not self.plan.report or value is None:
             return Decision.CONTINUE
-        self._reported[epoch] = value
-        future = self._queue.report(self.trial, self.plan, epoch, value)
+        self._reported[step] = value
+        future = self._queue.report(self.trial, self.plan, step, value)
         pruner = self.trial.study.pruner
         if not verdict_needed(pruner, self._reported, maximize=self.plan.maximize):
             return Decision.CONTINUE
-        with self._channel.leader_section(f"reporting epoch {epoch}"):
+        with self._channel.leader_section(f"reporting step {step}"):
             return self._queue.wait(future)
 
 
@@ -148,7 +148,7 @@ class FollowerLink:
             return self._channel.share(None)
 
     def decide(
-        self, epoch: int, value: float | None, fault: str | None
+        self, step: int, value: float | None, fault: str | None
     ) -> tuple[Decision, str | None]:
         with self._tracker.track("idle"):
             fault = _first_fault(self._comm.allgather(fault))

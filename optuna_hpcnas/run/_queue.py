@@ -2,7 +2,7 @@
 
 It takes trials (pop a budget trial or ask, keep it alive, suggest its architecture, tell
 a layout larger than the group infeasible and take the next), sweeps dead workers' trials,
-queues the per-epoch reports and the tell, and gives back the trials asked but not started
+queues the per-round reports and the tell, and gives back the trials asked but not started
 when the run stops. Its storage calls run on two ``StorageThread``\\ s, each in order: the
 asks (the sampler runs there; an ask starts once the last queued tell is written) and the
 writes (reports, attributes, tells), so a pruner's verdict never waits behind the sampler.
@@ -282,7 +282,7 @@ class LeaderQueue:
 
     def check_storage(self) -> None:
         """Raise ``StorageUnavailable`` once the storage has been away past the window (at
-        an epoch: the run then ends within one epoch, not at the next trial)."""
+        a round: the run then ends within one round, not at the next trial)."""
         self.calls.window.check()
 
     def prefetch(self) -> bool:
@@ -308,10 +308,10 @@ class LeaderQueue:
 
     # ------------------------------------------------------------------ during a trial
     def report(
-        self, trial: optuna.Trial, plan: TrialPlan, epoch: int, value: float
+        self, trial: optuna.Trial, plan: TrialPlan, step: int, value: float
     ) -> Future[Decision]:
-        """Queue one epoch's report; its future holds the pruner's verdict."""
-        return self._writes.submit(self.calls.report, trial, plan, epoch, value)
+        """Queue the report at ``step``; its future holds the pruner's verdict."""
+        return self._writes.submit(self.calls.report, trial, plan, step, value)
 
     def constrain(self, trial: optuna.Trial, name: str, value: float) -> None:
         self._writes.submit(self.calls.constrain, trial, name, value)

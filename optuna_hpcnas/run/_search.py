@@ -132,18 +132,9 @@ def _run(
     data: TaskData | None,
     resume: bool,
 ) -> None:
-    import torch
-
     from optuna_hpcnas.distributed._group_engine import GroupEngine
 
-    configure_threads(
-        requested=config.training.threads,
-        ranks_on_node=group.context.local_size,
-        rank=comm.Get_rank(),
-    )
-    device = resolve_device(config.training.device)
-    if device == "cuda":  # one GPU per rank of a node
-        torch.cuda.set_device(group.context.local_rank % torch.cuda.device_count())
+    device = _compute_device(config, comm, group)
     with tracker.track("setup"):
         task = data if data is not None else config.data.load()
         objective = agreed(
@@ -180,7 +171,7 @@ def _run(
                 ),
             )
         averager = _averager(config, group, objective, tracker)
-        batch = config.objective.batch_size
+        batch = objective.core.batch_size  # "auto" resolved for the data
         engine = GroupEngine(group, config.distributed, device, batch_size=batch)
         guard = _guard(config, comm, group, calls, checkpoints)
     except BaseException:  # the prefetched trial goes back, its keep-alive stops
@@ -206,6 +197,21 @@ def _run(
     finally:
         engine.close()
     _store_utilisation(comm, group, calls, tracker, queue, averager)
+
+
+def _compute_device(config: RunConfig, comm: Comm, group: EvaluationGroup) -> str:
+    """This process's share of the cores, and its device (one GPU per rank of a node)."""
+    configure_threads(
+        requested=config.training.threads,
+        ranks_on_node=group.context.local_size,
+        rank=comm.Get_rank(),
+    )
+    device = resolve_device(config.training.device)
+    if device == "cuda":
+        import torch
+
+        torch.cuda.set_device(group.context.local_rank % torch.cuda.device_count())
+    return device
 
 
 def _checkpoints(
@@ -242,7 +248,7 @@ def _warm_up(
         return
     start = time.perf_counter()
     losses = objective.train_supernet(max_batches=config.training.warmup_max_batches)
-    if rank == 0:
+    if rank == 0 and losses:
         _logger.info(
             "Supernet warm-up: %d epoch(s) x %d path(s) per batch in %.1f s (loss %.3f -> %.3f).",
             supernet.epochs,

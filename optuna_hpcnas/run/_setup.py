@@ -38,7 +38,8 @@ def _wait_for_every_rank(comm: Comm) -> None:
 
 def agreed(comm: Comm, what: str, step: Callable[[], T]) -> T:
     """``step()`` on this rank; if it raised an ``Exception`` on any rank of ``comm``, a
-    ``SetupError`` on every rank: ``"<what>: <Error>: <message>"`` (the lowest failing rank's).
+    ``SetupError`` on every rank: ``"<what>: <Error>: <message>"`` (the lowest failing rank's),
+    whose ``__cause__`` is the error itself on a rank where it happened.
 
     Args:
         comm: Every rank that runs the step (or takes part without work).
@@ -47,14 +48,18 @@ def agreed(comm: Comm, what: str, step: Callable[[], T]) -> T:
     """
     result: T | None = None
     error: str | None = None
+    local: Exception | None = None
     try:
         result = step()
     except Exception as e:  # a setup error is reported, not a traceback per rank
+        local = e
         message = " ".join(str(e).split()) or "(no message)"
         error = f"{what}: {type(e).__name__}: {message}"
     _wait_for_every_rank(comm)
     errors = comm.allgather(error) if comm.Get_size() > 1 else [error]
     first = next((e for e in errors if e is not None), None)
     if first is not None:
-        raise SetupError(first)
+        # the failing rank keeps its error as the cause: a full disk or a lost storage is
+        # said as such by the launcher
+        raise SetupError(first) from local
     return result  # type: ignore[return-value]

@@ -1,6 +1,6 @@
 """Storage calls run in order on one background thread.
 
-A group leader has two (``run/_loop.py``): one for its trial's writes (per-epoch reports,
+A group leader has two (``run/_loop.py``): one for its trial's writes (per-round reports,
 attributes, the tell), one for the ask of the next trial. It goes on computing and waits only
 for what it needs: the next trial, and a pruner's verdict when that verdict could be "stop"
 (``evaluation.verdict_needed``). First-in-first-out order keeps the study's history what a

@@ -217,9 +217,9 @@ _TINY: dict[str, dict[str, Any]] = {
     "data": {"max_samples": 300},
     "sampler": {"name": "random", "seed": 0},
     "pruner": {"name": "none"},
-    "stages": {"stages": [{"name": "quick", "epochs": 2, "lr": 1e-3}], "patience": 3},
+    "stages": {"stages": [{"name": "quick", "steps": 8, "lr": 1e-3}], "eval_every": 4},
     "training": {"epochs": 1, "paths_per_batch": 2, "warmup_max_batches": 2, "threads": 1},
-    "objective": {"batch_size": 32, "max_batches_per_epoch": 4, "latency_repeats": 1},
+    "objective": {"batch_size": 32, "latency_repeats": 1},
 }
 
 

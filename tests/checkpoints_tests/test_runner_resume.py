@@ -42,11 +42,12 @@ seed = 0
 [pruner]
 name = "none"
 
-[stages]
+[stages]                       # a pass over digits' 1,078 training images in batches of 8
 stages = [
-    {{ name = "quick", epochs = 1, lr = 1e-3 }},
-    {{ name = "medium", epochs = 1, lr = 1e-2 }},
+    {{ name = "quick", steps = 135, lr = 1e-3 }},
+    {{ name = "medium", steps = 135, lr = 1e-2 }},
 ]
+eval_every = 135
 
 [training]
 epochs = 1
@@ -186,7 +187,7 @@ def test_killed_run_resumes_with_the_same_command(
     from optuna_hpcnas.search_space import Architecture
 
     arch = Architecture.from_json(study.best_trial.user_attrs[_keys.OBJECTIVE_ARCH])
-    recipe = ScratchTrainingConfig(epochs=0, latency_repeats=0)
+    recipe = ScratchTrainingConfig(steps=0, latency_repeats=0)
     with caplog.at_level(logging.INFO, logger="optuna_hpcnas.deploy._export"):
         trained_module(study, arch, DataConfig().load(), mode="finetune", recipe=recipe)
     newest = f"supernet.{max(_checkpoints(url)):010d}."

@@ -26,8 +26,7 @@ def _config_text(*, storage: str, n_trials: int, port: int, refresh: float) -> s
         tiny_config(
             study={"name": "digits", "storage": storage, "n_trials": n_trials},
             pruner={"name": "none"},
-            stages={"stages": [{"name": "quick", "epochs": 1, "lr": 1e-3}]},
-            objective={"max_batches_per_epoch": 2},
+            stages={"stages": [{"name": "quick", "steps": 2, "lr": 1e-3}]},
             metrics={"enabled": True, "port": port, "refresh_seconds": refresh},
         )
     )

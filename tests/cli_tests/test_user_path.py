@@ -47,7 +47,7 @@ def test_run_status_best_export_as_typed(tmp_path: Path) -> None:
     # export trains with the config's [training] threads too, not the node's share
     assert "torch uses 1 intra-op thread(s) per process ([training] threads)" in export.stderr
     meta = json.loads((tmp_path / "best" / "architecture.json").read_text())
-    assert meta["export"]["mode"] == "retrain" and meta["export"]["epochs"] == 2
+    assert meta["export"]["mode"] == "retrain" and meta["export"]["steps"] == 6
     assert 0.0 <= meta["export"]["test_accuracy"] <= 1.0
     assert (tmp_path / "best" / "model.pt2").is_file()
     # nothing but the database and the export in the working directory: no lock files
@@ -68,12 +68,13 @@ def test_exports_are_trained_unless_asked(
         main(["export", "--config", str(config), "--out", str(tmp_path / "u"), "--untrained"]) == 0
     )
     untrained = json.loads((tmp_path / "u" / "architecture.json").read_text())["export"]
-    assert untrained["mode"] == "untrained" and untrained["epochs"] == 0
+    assert untrained["mode"] == "untrained" and untrained["steps"] == 0
     out = tmp_path / "r"
-    assert main(["export", "--storage", url, "--out", str(out), "--epochs", "3", "--no-onnx"]) == 0
+    args = ["export", "--storage", url, "--out", str(out), "--steps", "100", "--no-onnx"]
+    assert main(args) == 0
     trained = json.loads((out / "architecture.json").read_text())["export"]
     # the study recorded its data set, so --storage alone is enough
-    assert trained["mode"] == "retrain" and trained["epochs"] == 3 and trained["data"] == "digits"
+    assert trained["mode"] == "retrain" and trained["steps"] == 100 and trained["data"] == "digits"
     assert trained["test_accuracy"] > untrained["test_accuracy"]
     capsys.readouterr()
     code = main(["export", "--storage", url, "--out", str(tmp_path / "f"), "--finetune"])

@@ -32,7 +32,7 @@ def searched(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
         tiny_config(
             study={"name": "d", "storage": url, "n_trials": 2},
             pruner={"name": "none"},
-            export={"epochs": 8, "latency_repeats": 1},
+            export={"steps": 60, "lr": 0.02, "batch_size": 32, "latency_repeats": 1},
         ),
     )
     assert main(["run", "--config", str(config), "--no-progress"]) == 0
@@ -135,7 +135,7 @@ def test_deploy_refuses_a_model_below_the_search_estimate(
 ) -> None:
     _, url = searched
     # no training: the model predicts at chance, far below the search's estimate
-    code = main(["deploy", "--storage", url, "--out", str(tmp_path / "x"), "--epochs", "0"])
+    code = main(["deploy", "--storage", url, "--out", str(tmp_path / "x"), "--steps", "0"])
     err = capsys.readouterr().err
     assert code == 2 and "deployment refused" in err and "estimate" in err
     assert not (tmp_path / "x").exists()  # nothing left behind, not even model.onnx

@@ -28,7 +28,7 @@ kwargs = { population_size = 8 }
 name = "median"
 kwargs = { n_startup_trials = 2 }
 [stages]
-stages = [{ name = "quick", epochs = 1, lr = 1e-3 }, { name = "full", epochs = 2, lr = 1e-2 }]
+stages = [{ name = "quick", steps = 10, lr = 1e-3 }, { name = "full", steps = 20, lr = 1e-2 }]
 patience = 2
 [training]
 epochs = 3
@@ -46,7 +46,7 @@ sync_interval = 3
 compression = "powersgd"
 zero_stage = 1
 [export]
-epochs = 12
+steps = 1200
 [checkpoints]
 enabled = true
 [metrics]
@@ -76,8 +76,8 @@ def test_full_config_maps_every_table(tmp_path: Path) -> None:
     assert config.objective == ObjectiveConfig(objectives=("accuracy", "flops"), optimizer="adam")
     assert config.training.supernet == SupernetTrainingConfig(epochs=3, lr=0.001, precision="bf16")
     assert config.training.threads == 2
-    assert isinstance(config.stages, StagePlan) and config.stages.boundaries == (1, 3)
-    assert config.export == ScratchTrainingConfig(epochs=12)
+    assert isinstance(config.stages, StagePlan) and config.stages.boundaries == (10, 30)
+    assert config.export == ScratchTrainingConfig(steps=1200)
     assert config.directions == ["maximize", "minimize"]
     assert config.metrics.port == 9000 and config.checkpoints.enabled
     space = config.space.build()
@@ -110,6 +110,13 @@ def test_unknown_key_names_the_key_and_the_allowed_ones(tmp_path: Path) -> None:
         ({"training": {"precision": "fp8"}}, r"`precision` is 'fp8'.*'bf16'"),
         ({"training": {"epoch": 2}}, r"Unknown key `epoch` in \[training\].*'epochs'"),
         ({"objective": {"optimizer": "adamw"}}, r"`optimizer` is 'adamw'.*'adam', 'sgd'"),
+        ({"export": {"epochs": 30}}, r"\[export\] `epochs` is no longer a unit.*`steps`"),
+        (
+            {"stages": {"stages": [{"name": "q", "epochs": 1, "lr": 0.1}]}},
+            r"write `steps` instead of `epochs`",
+        ),
+        ({"objective": {"batch_size": 1}}, r"`batch_size` is 1, but must be >= 2"),
+        ({"objective": {"validation": "kfold"}}, r"`validation` is 'kfold'"),
         ({"data": {"name": "npz"}}, r"needs `path`"),
         ({"data": {"factory": "no colon"}}, r"package.module:function"),
         ({"distributed": {"zero_stage": 4}}, r"`zero_stage` is 4"),

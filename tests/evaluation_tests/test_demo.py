@@ -18,9 +18,9 @@ def test_demo_runs_end_to_end_into_sqlite(tmp_path) -> None:
         n_trials=3,
         timeout=60,
         supernet_epochs=1,
-        retrain_epochs=1,
-        plan=StagePlan(stages=(Stage("quick", 1, 1e-3), Stage("full", 1, 1e-2))),
-        max_batches_per_epoch=3,
+        retrain_steps=3,
+        plan=StagePlan(stages=(Stage("quick", 3, 1e-3), Stage("full", 3, 1e-2))),
+        warmup_max_batches=3,
         out=lines.append,
     )
     study = optuna.load_study(study_name=result.study_name, storage=url)

@@ -70,16 +70,18 @@ def test_train_from_scratch_is_deterministic_and_measures(digits: TaskData) -> N
             CellConfig("sepconv3x3", kernel=3, width=32),
         ),
     )
-    a = train_from_scratch(space, arch, digits, epochs=1, seed=3, latency_repeats=2)
-    b = train_from_scratch(space, arch, digits, epochs=1, seed=3, latency_repeats=2)
+    kwargs: dict[str, Any] = {"steps": 34, "lr": 2e-2, "batch_size": 32}  # one pass
+    a = train_from_scratch(space, arch, digits, seed=3, latency_repeats=2, **kwargs)
+    b = train_from_scratch(space, arch, digits, seed=3, latency_repeats=2, **kwargs)
     for key in ("valid_accuracy", "valid_loss", "test_accuracy", "flops", "params"):
         assert a[key] == b[key], key
-    assert a["valid_accuracy"] > 0.3  # far above chance after one epoch
+    assert a["valid_accuracy"] > 0.3  # far above chance after one pass
     assert a["latency_s"] > 0 and a["flops"] > 0 and a["params"] > 0
-    c = train_from_scratch(space, arch, digits, epochs=1, seed=4, latency_repeats=0)
+    assert a["trained_on"] == len(digits.train)  # a reference: the validation split held out
+    c = train_from_scratch(space, arch, digits, seed=4, latency_repeats=0, **kwargs)
     assert c["valid_loss"] != a["valid_loss"] and np.isnan(c["latency_s"])
     small = Architecture("chain", (CellConfig("identity"),) * 3)
-    d = train_from_scratch(space, small, digits, epochs=0, latency_repeats=0)
+    d = train_from_scratch(space, small, digits, steps=0, latency_repeats=0)
     assert d["flops"] < a["flops"] and d["params"] < a["params"]
 
 
@@ -106,14 +108,13 @@ def test_train_model_follows_the_per_step_cosine_and_learns_digits(digits: TaskD
         lambda opt, args, kwargs: lrs.append(opt.param_groups[0]["lr"])
     )
     try:
-        result = train_model(
-            _LinearTurningNaN(after=10**9), digits, ScratchTrainingConfig(epochs=2, seed=1)
-        )
+        config = ScratchTrainingConfig(steps=68, lr=2e-2, batch_size=32, seed=1, holdout=True)
+        result = train_model(_LinearTurningNaN(after=10**9), digits, config)
     finally:
         handle.remove()
     # The schedule of the loop before train_step: torch's CosineAnnealingLR stepped once per
     # batch over all batches (first step at `lr`, the last one step short of 0).
-    steps = 2 * math.ceil(len(digits.train) / 32)  # type: ignore[arg-type]
+    steps = 68
     optimizer = torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=2e-2)
     scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, steps)
     expected = []
@@ -124,18 +125,26 @@ def test_train_model_follows_the_per_step_cosine_and_learns_digits(digits: TaskD
     assert lrs == pytest.approx(expected, rel=1e-12, abs=1e-16)
     assert lrs[0] == 2e-2 and 0 < lrs[-1] < 1e-4
     assert result["valid_accuracy"] > 0.9 and result["test_accuracy"] > 0.9  # a linear model
-    assert result["epochs"] == 2 and result["latency_s"] > 0
+    assert result["steps"] == 68 and result["latency_s"] > 0
 
 
-def test_train_model_stops_at_a_non_finite_loss_naming_the_epoch(digits: TaskData) -> None:
-    per_epoch = math.ceil(len(digits.train) / 32)  # type: ignore[arg-type]
-    model = _LinearTurningNaN(after=per_epoch + 4)
+def test_the_export_recipe_learns_from_train_and_validation(digits: TaskData) -> None:
+    seen: list[int] = []
+    config = ScratchTrainingConfig(steps=3, batch_size="auto", latency_repeats=0)
+    result = train_model(
+        _LinearTurningNaN(after=10**9), digits, config, on_step=lambda s, _: seen.append(s)
+    )
+    assert result["trained_on"] == len(digits.train) + len(digits.valid)  # type: ignore[arg-type]
+    assert result["batch_size"] == 64 and seen == [1, 2, 3]
+
+
+def test_train_model_stops_at_a_non_finite_loss_naming_the_step(digits: TaskData) -> None:
+    model = _LinearTurningNaN(after=38)
     with pytest.raises(
-        NonFiniteLossError,
-        match=rf"^non-finite loss at epoch 2 of 3 \(batch 4 of {per_epoch}\): lower `lr`",
+        NonFiniteLossError, match=r"^non-finite loss at step 38 of 100: lower `lr`"
     ):
-        train_model(model, digits, ScratchTrainingConfig(epochs=3, latency_repeats=0))
-    assert model.calls == per_epoch + 4  # stopped at once
+        train_model(model, digits, ScratchTrainingConfig(steps=100, latency_repeats=0))
+    assert model.calls == 38  # stopped at once
     assert torch.isfinite(model.linear.weight).all()  # and the NaN step changed nothing
 
 
@@ -150,7 +159,9 @@ def test_train_model_clips_gradients_and_autocasts_as_configured(digits: TaskDat
     try:
         for grad_clip in (0.0, 0.5):
             model = _LinearTurningNaN(after=10**9)
-            config = ScratchTrainingConfig(epochs=1, grad_clip=grad_clip, latency_repeats=0)
+            config = ScratchTrainingConfig(
+                steps=34, lr=2e-2, grad_clip=grad_clip, latency_repeats=0
+            )
             train_model(model, digits, config)
             assert model.dtype == torch.float32
     finally:
@@ -159,7 +170,9 @@ def test_train_model_clips_gradients_and_autocasts_as_configured(digits: TaskDat
     assert max(unclipped) > 1.0 and max(clipped) <= 0.5 + 1e-5
     model = _LinearTurningNaN(after=10**9)
     result = train_model(
-        model, digits, ScratchTrainingConfig(epochs=2, precision="bf16", latency_repeats=0)
+        model,
+        digits,
+        ScratchTrainingConfig(steps=68, lr=2e-2, precision="bf16", latency_repeats=0),
     )
     assert model.dtype == torch.bfloat16 and model.linear.weight.dtype == torch.float32
     assert result["valid_accuracy"] > 0.85
@@ -177,17 +190,22 @@ def test_data_that_does_not_fit_the_space_fails_before_training(digits: TaskData
     arch = next(iter(space.enumerate()))
     seq = make_sequence_task(num_samples=100, num_classes=2)
     with pytest.raises(ValueError, match="sequence"):
-        train_from_scratch(space, arch, seq, epochs=1)
+        train_from_scratch(space, arch, seq, steps=1)
 
 
 def test_scratch_config_validates() -> None:
-    assert ScratchTrainingConfig(**{"epochs": 2, "lr": 0.1}).epochs == 2
+    assert ScratchTrainingConfig(**{"steps": 2, "lr": 0.1}).steps == 2
     default = ScratchTrainingConfig()
     assert default.grad_clip == 0 and default.precision == "fp32"  # off, as before they existed
+    assert default.batch_size == "auto" and not default.holdout
     with pytest.raises(ValueError, match="lr"):
         ScratchTrainingConfig(lr=-1.0)
-    with pytest.raises(TypeError, match="epochs"):
-        ScratchTrainingConfig(epochs=1.5)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="steps"):
+        ScratchTrainingConfig(steps=1.5)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="'auto'"):
+        ScratchTrainingConfig(batch_size="big")
+    with pytest.raises(ValueError, match="`batch_size` is 1, but must be >= 2"):
+        ScratchTrainingConfig(batch_size=1)
     with pytest.raises(ValueError, match="`grad_clip` is -1.0, but must be >= 0"):
         ScratchTrainingConfig(grad_clip=-1.0)
     with pytest.raises(ValueError, match="`grad_clip` is nan"):
@@ -213,6 +231,6 @@ def test_sequence_preset_trains_from_scratch() -> None:
     )
     task = make_sequence_task(num_samples=120, length=8, features=4, num_classes=3)
     arch = space.sample(np.random.default_rng(3))
-    result = train_from_scratch(space, arch, task, epochs=2, latency_repeats=1)
+    result = train_from_scratch(space, arch, task, steps=10, latency_repeats=1)
     assert 0.0 <= result["valid_accuracy"] <= 1.0 and math.isfinite(result["valid_loss"])
     assert result["flops"] > 0

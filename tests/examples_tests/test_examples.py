@@ -1,4 +1,5 @@
-"""Every example runs, reduced (2 trials, 1 epoch), and leaves the study it promises."""
+"""Every example runs, reduced (2 trials, a few steps or one warm-up epoch), and leaves the
+study it promises."""
 
 from __future__ import annotations
 
@@ -18,6 +19,10 @@ REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"
 
 
+_SUPERNET = ["--epochs", "1", "--max-batches", "2"]
+_SCRATCH = ["--steps", "10"]  # optimisation steps of each candidate's training
+
+
 def _run_example(
     name: str, args: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> str:
@@ -33,10 +38,11 @@ def _run_example(
 @pytest.mark.parametrize(
     "script, extra, studies, expected",
     [
-        ("cnn_digits.py", ["--max-batches", "2"], ["cnn-digits"], "best accuracy"),
-        ("sequence_attention.py", [], ["sequence-attention"], "mean accuracy of trials using"),
-        ("hardware_aware.py", ["--max-batches", "2"], ["hardware-aware"], "Pareto front within"),
-        ("qubo_search.py", [], ["qubo-search-qubo", "qubo-search-random"], "QUBO best:"),
+        # the supernet ones: 1 warm-up epoch, 2 batches an epoch and 2 steps a stage pass
+        ("cnn_digits.py", _SUPERNET, ["cnn-digits"], "best accuracy"),
+        ("sequence_attention.py", _SCRATCH, ["sequence-attention"], "mean accuracy of trials"),
+        ("hardware_aware.py", _SUPERNET, ["hardware-aware"], "Pareto front within"),
+        ("qubo_search.py", _SCRATCH, ["qubo-search-qubo", "qubo-search-random"], "QUBO best:"),
     ],
 )
 def test_example_runs_reduced(
@@ -51,7 +57,7 @@ def test_example_runs_reduced(
     if script == "qubo_search.py":
         pytest.importorskip("dimod", reason="the QUBO example needs the qubo extra")
     storage = f"sqlite:///{tmp_path / 'examples.db'}"
-    args = ["--trials", "2", "--epochs", "1", "--storage", storage, *extra]
+    args = ["--trials", "2", "--storage", storage, *extra]
     if script == "cnn_digits.py":
         args += ["--weights", str(tmp_path / "supernet.pt")]
     out = _run_example(script, args, monkeypatch, capsys)
@@ -92,7 +98,9 @@ def test_distributed_example_with_the_mpirun_wrapper(postgres_url: str, tmp_path
             "--set", "metrics.port=0",
             "--set", "training.epochs=1",
             "--set", "training.warmup_max_batches=2",
-            "--set", "objective.max_batches_per_epoch=2",
+            "--set", "stages.stages=[{name='quick', steps=2, lr=1e-3, promote=0.34}, "
+            "{name='medium', steps=6, lr=1e-2}]",
+            "--set", "stages.eval_every=2",
             "--set", "data.max_samples=200",
         ],
         capture_output=True, text=True, env=env, timeout=240, cwd=tmp_path,

@@ -85,7 +85,7 @@ def _assert_same(
     assert sorted(a) == sorted(b) == [0, 1]
     for n in a:
         assert a[n][0] == pytest.approx(b[n][0], abs=1e-6)
-        assert sorted(a[n][1]) == sorted(b[n][1]) == [1, 2]
+        assert sorted(a[n][1]) == sorted(b[n][1]) == [3, 6]
         for step in a[n][1]:
             assert a[n][1][step] == pytest.approx(b[n][1][step], abs=1e-6)
 

@@ -66,7 +66,15 @@ def _two_groups_mid_trial(
             study={"name": "sig", "storage": url, "n_trials": N_TRIALS},
             pruner={"name": "none"},
             data={"max_samples": 600},
-            objective={"batch_size": 8, "max_batches_per_epoch": 1000, **objective},
+            objective={"batch_size": 8, **objective},
+            # 75 steps a stage: a pass over the 600 samples in batches of 8
+            stages={
+                "stages": [
+                    {"name": "quick", "steps": 75, "lr": 1e-3, "promote": 0.5},
+                    {"name": "medium", "steps": 75, "lr": 1e-2},
+                ],
+                "eval_every": 75,
+            },
             checkpoints=checkpoints,
             # no trial asked ahead: two RUNNING trials are one in evaluation per group
             distributed={"group_size": 1, "ask_ahead": "off"},

@@ -9,34 +9,48 @@ from optuna_hpcnas.pruners import StagedPruner
 from optuna_hpcnas.pruners import StagePlan
 
 
-def test_default_plan_is_the_articles_plan() -> None:
+def test_default_plan_is_the_articles_plan_in_steps() -> None:
     plan = StagePlan()
-    assert [(s.name, s.epochs, s.lr) for s in plan.stages] == [
-        ("quick", 1, 1e-3),
-        ("medium", 5, 1e-2),
-        ("full", 50, 1e-1),
+    assert [(s.name, s.steps, s.lr) for s in plan.stages] == [
+        ("quick", 100, 1e-3),
+        ("medium", 400, 1e-2),
+        ("full", 2000, 1e-1),
     ]
-    assert plan.patience == 3 and plan.boundaries == (1, 6, 56)
-    assert [plan.stage_index(e) for e in (1, 2, 6, 7, 56)] == [0, 1, 1, 2, 2]
-    scaled = StagePlan(scale=0.1)
-    assert [s.epochs for s in scaled.stages] == [1, 1, 5]
+    assert plan.patience == 0 and plan.boundaries == (100, 500, 2500)
+    assert plan.eval_every == 50  # half the shortest stage
+    assert [plan.stage_index(s) for s in (1, 100, 101, 500, 501, 2500)] == [0, 0, 1, 1, 2, 2]
+    scaled = StagePlan(scale=0.1, patience=300)
+    assert [s.steps for s in scaled.stages] == [10, 40, 200]
+    assert (scaled.patience, scaled.eval_every) == (30, 5)
+
+
+def test_report_steps_end_every_stage_and_the_cut() -> None:
+    plan = StagePlan(stages=(Stage("a", 10, 0.1), Stage("b", 25, 0.1)), eval_every=10)
+    assert plan.report_steps(plan.total_steps) == (10, 20, 30, 35)
+    assert plan.report_steps(10) == (10,)  # a trial run to the first stage only
+    assert plan.report_steps(12) == (10, 12)
+    assert StagePlan(stages=(Stage("a", 7, 0.1),), eval_every=3).report_steps(7) == (3, 6, 7)
 
 
 def test_plan_from_a_toml_table_and_validation() -> None:
     table = {
-        "stages": [{"name": "a", "epochs": 2, "lr": 0.1}, {"name": "b", "epochs": 3, "lr": 0.01}],
+        "stages": [{"name": "a", "steps": 2, "lr": 0.1}, {"name": "b", "steps": 3, "lr": 0.01}],
         "patience": 2,
     }
     plan = StagePlan(**table)
     assert plan.stages[1] == Stage("b", 3, 0.01) and plan.patience == 2
+    with pytest.raises(ValueError, match="write `steps` instead of `epochs`"):
+        StagePlan(stages=[{"name": "a", "epochs": 2, "lr": 0.1}])
     with pytest.raises(ValueError, match="duplicate"):
         StagePlan(stages=(Stage("a", 1, 0.1), Stage("a", 1, 0.1)))
-    with pytest.raises(ValueError, match="epochs"):
+    with pytest.raises(ValueError, match="steps"):
         Stage("a", 0, 0.1)
     with pytest.raises(ValueError, match="promote"):
         Stage("a", 1, 0.1, promote=1.5)
     with pytest.raises(ValueError, match="patience"):
         StagePlan(patience=-1)
+    with pytest.raises(ValueError, match="eval_every"):
+        StagePlan(eval_every=0)
     with pytest.raises(TypeError, match="plan"):
         StagedPruner(plan=3)  # type: ignore[arg-type]
 
@@ -100,6 +114,18 @@ def test_ties_never_promote_more_than_the_share() -> None:
     assert [t.last_step for t in study.trials[-2:]] == [2, 1]
 
 
+def test_a_stage_is_judged_by_its_value_at_the_end_not_its_best() -> None:
+    """On a small validation set one round can spike: the stage's value is the one at the
+    stage's end (as SuccessiveHalving reads a rung), so a spike does not promote."""
+    plan = StagePlan(stages=(Stage("quick", 3, 1e-3, promote=0.5), Stage("full", 2, 1e-2)))
+    study = optuna.create_study(direction="maximize", pruner=StagedPruner(plan))
+    _run(study, [0.5, 0.6, 0.7, 0.8, 0.8])
+    spiky = _run(study, [0.5, 1.0, 0.6])  # best 1.0, but 0.6 at the stage's end
+    assert study.trials[spiky.number].state == optuna.trial.TrialState.PRUNED
+    stored = study.trials[spiky.number].system_attrs[_keys.PRUNER_STAGE_VALUE + "quick"]
+    assert stored == 0.6
+
+
 def test_minimize_direction_promotes_low_values() -> None:
     study = optuna.create_study(direction="minimize", pruner=StagedPruner(_plan()))
     _run(study, [1.0, 0.9])
@@ -115,8 +141,8 @@ def test_patience_stops_a_stalled_trial() -> None:
     _run(study, [0.5, 0.6, 0.6, 0.55, 0.6, 0.6, 0.7])
     trial = study.trials[0]
     assert trial.state == optuna.trial.TrialState.PRUNED
-    assert trial.last_step == 5  # epochs 3, 4, 5 did not beat 0.6
-    assert "no improvement for 3 epochs" in trial.system_attrs[_keys.PRUNER_REASON]
+    assert trial.last_step == 5  # steps 3, 4, 5 did not beat 0.6
+    assert "no improvement for 3 steps" in trial.system_attrs[_keys.PRUNER_REASON]
     _run(study, [0.5, 0.6, 0.6, 0.55, 0.65, 0.6, 0.7])
     assert study.trials[1].state == optuna.trial.TrialState.COMPLETE
     override = StagedPruner(plan, patience=0)
@@ -155,7 +181,7 @@ def test_may_prune_is_true_whenever_prune_stops_the_trial(direction: str) -> Non
     for _ in range(40):
         trial = study.ask()
         values: dict[int, float] = {}
-        for step in range(1, plan.total_epochs + 1):
+        for step in range(1, plan.total_steps + 1):
             value = float(rng.choice([np.nan, *rng.normal(size=7)]))
             trial.report(value, step)
             values[step] = value
@@ -170,18 +196,18 @@ def test_may_prune_is_true_whenever_prune_stops_the_trial(direction: str) -> Non
                 study.tell(trial, state=optuna.trial.TrialState.PRUNED)
                 break
         else:
-            study.tell(trial, values[plan.total_epochs])
+            study.tell(trial, values[plan.total_steps])
     assert stops > 0  # every kind of stop was met (boundary, patience, no finite value)...
     assert waits < sum(len(t.intermediate_values) for t in study.get_trials())  # ...not always
 
 
 @pytest.mark.parametrize("best", [True, False])
 def test_a_verdict_takes_few_transactions(tmp_path, best: bool) -> None:
-    """A runner waits for the verdict at a stage's end (``report_epoch``): on an RDB storage
+    """A runner waits for the verdict at a stage's end (``report_round``): on an RDB storage
     its writes go together, and a stop is told apart from early stopping without a read.
     Every transaction takes SQLite's write lock, which the other workers hold often."""
     from optuna_hpcnas.evaluation import Decision
-    from optuna_hpcnas.evaluation import report_epoch
+    from optuna_hpcnas.evaluation import report_round
     from optuna_hpcnas.evaluation import TrialPlan
 
     url = f"sqlite:///{tmp_path / 's.db'}"
@@ -200,7 +226,7 @@ def test_a_verdict_takes_few_transactions(tmp_path, best: bool) -> None:
     plan = TrialPlan(_plan(), 5, report=True, maximize=True)
     rdb.scoped_session = counted
     try:
-        decision = report_epoch(trial, plan, 1, 0.9 if best else 0.1, None)
+        decision = report_round(trial, plan, 1, 0.9 if best else 0.1, None)
     finally:
         rdb.scoped_session = opened
     assert decision == (Decision.CONTINUE if best else Decision.PRUNE)

@@ -71,7 +71,7 @@ def test_every_storage_call_of_the_leaders_threads_goes_through_study_calls(
         "suggest_architecture",  # the sampler, its parameters and the architecture record
         "TrialPlan.for_study",
         "finished_architectures",  # the population
-        "report_epoch",  # a report and the pruner's verdict
+        "report_round",  # a report and the pruner's verdict
         "set_trial_attrs",
         "TellOnce",
         "CheckpointManager.save",  # the supernet checkpoints

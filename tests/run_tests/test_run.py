@@ -48,10 +48,10 @@ def test_single_process_search_offers_only_layouts_it_can_run(tmp_path: Path) ->
         assert _keys.DISTRIBUTED_INFEASIBLE not in t.system_attrs
         assert t.system_attrs[_keys.DISTRIBUTED_LAYOUT] == "dp1xpp1 on 1 ranks (plain)"
         assert t.system_attrs[_keys.DISTRIBUTED_EVALUATION_SECONDS] > 0
-        # the core's records: costs, inherited score, every epoch reported
+        # the core's records: costs, inherited score, every round reported (by its step)
         ua = t.user_attrs
         assert ua["flops"] > 0 and ua["params"] > 0 and 0 <= ua["inherited_accuracy"] <= 1
-        assert sorted(t.intermediate_values) == [1, 2] and ua["epochs"] == 2
+        assert sorted(t.intermediate_values) == [3, 6] and ua["steps"] == 6
     runs = utilisation_from_study(study)
     assert len(runs) == 1 and runs[0]["ranks"][0]["rank"] == 0
     # rerunning adds the new budget on top (the study is loaded, not recreated)
@@ -65,18 +65,18 @@ def test_single_process_search_offers_only_layouts_it_can_run(tmp_path: Path) ->
     assert len(utilisation_from_study(study)) == 2
 
 
-def test_staged_plan_drives_epochs_and_pruning(tmp_path: Path) -> None:
+def test_staged_plan_drives_steps_and_pruning(tmp_path: Path) -> None:
     study = _run(tmp_path, study={"n_trials": 6}, sampler={"name": "random", "seed": 1})
     trials = study.get_trials()
     states = {t.state for t in trials}
     assert states <= {COMPLETE, PRUNED} and PRUNED in states
     for t in trials:
-        epochs = t.user_attrs[_keys.OBJECTIVE_EPOCHS]
+        steps = t.user_attrs[_keys.OBJECTIVE_STEPS]
         if t.state == COMPLETE:
-            assert epochs == 2 and t.user_attrs[_keys.OBJECTIVE_STAGE] == "medium"
-            assert t.values[0] == max(t.intermediate_values.values())  # the best epoch
+            assert steps == 6 and t.user_attrs[_keys.OBJECTIVE_STAGE] == "medium"
+            assert t.values[0] == t.intermediate_values[6]  # the value at the last step
         else:
-            assert epochs == 1 and t.user_attrs[_keys.OBJECTIVE_STAGE] == "quick"
+            assert steps == 3 and t.user_attrs[_keys.OBJECTIVE_STAGE] == "quick"
 
 
 @pytest.mark.parametrize("name", ["evolutionary", "qubo"])
@@ -87,8 +87,7 @@ def test_the_configured_sampler_breeds_the_trials(tmp_path: Path, name: str) -> 
         study={"n_trials": 8},
         sampler={"name": name, "seed": 0, "kwargs": kwargs},
         pruner={"name": "none"},
-        objective={"max_batches_per_epoch": 1},
-        stages={"stages": [{"name": "quick", "epochs": 1, "lr": 1e-3}]},
+        stages={"stages": [{"name": "quick", "steps": 1, "lr": 1e-3}]},
     )
     trials = study.get_trials()
     assert len(trials) == 8
@@ -153,8 +152,8 @@ def test_hard_limits_are_constraints_in_the_run(tmp_path: Path) -> None:
     for t in study.get_trials():
         excess = t.system_attrs["constraints:hpcnas.max_params"]
         assert excess == pytest.approx(t.user_attrs["params"] / 1500.0 - 1.0)
-        if excess > 0:  # skipped: inherited score, no epoch
-            assert t.user_attrs["epochs"] == 0 and not t.intermediate_values
+        if excess > 0:  # skipped: inherited score, no step
+            assert t.user_attrs["steps"] == 0 and not t.intermediate_values
 
 
 def test_cost_aware_scheduler_runs_the_costliest_waiting_candidate_first(tmp_path: Path) -> None:
@@ -236,7 +235,13 @@ def test_asking_ahead_overlaps_the_ask_and_a_timeout_gives_the_asked_trial_back(
     # The timeout ends the run while the next trial is asked: it goes back to the queue with
     # its architecture, and the resumed run evaluates that architecture.
     timed = {"name": "timed", "n_trials": 6}
-    sections["objective"] = {"max_batches_per_epoch": 60}
+    sections["stages"] = {
+        "stages": [
+            {"name": "quick", "steps": 60, "lr": 1e-3},
+            {"name": "full", "steps": 60, "lr": 1e-2},
+        ],
+        "eval_every": 60,
+    }
     sections["data"] = {"max_samples": 1797}
     study = _run(tmp_path, study={**timed, "timeout": 1.0}, **sections)
     by_state = {s: study.get_trials(states=(s,)) for s in optuna.trial.TrialState}
