@@ -40,6 +40,10 @@ OBJECTIVE_STAGE = "stage"
 OBJECTIVE_STEPS = "steps"  # optimisation steps the candidate trained
 OBJECTIVE_FAIL_REASON = "fail_reason"
 OBJECTIVE_EARLY_STOPPED = "early_stopped"
+# A published model enqueued by name ([study] enqueue): trained through every stage, never
+# pruned, so the export can compare the search's pick with it (``_summary.export_choice``).
+OBJECTIVE_REFERENCE = "reference_model"
+OBJECTIVE_VALIDATION_SAMPLES = "validation_samples"  # samples the trial's value is pooled over
 OBJECTIVE_TIME_CAPPED = "time_capped"  # the step at which [objective] max_trial_seconds ended it
 
 # --- operations (CLI, dashboard, metrics) -------------------------------------------------

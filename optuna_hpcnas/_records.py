@@ -277,22 +277,35 @@ def rdb_backend(storage: Any) -> Any:
 
 
 # ---------------------------------------------------------------------------- the trial queue
-def add_budget(study: optuna.Study, n: int, fixed: Sequence[Mapping[str, Any]] = ()) -> None:
+def add_budget(
+    study: optuna.Study,
+    n: int,
+    fixed: Sequence[tuple[str | None, Mapping[str, Any]]] = (),
+) -> None:
     """Queue ``n`` WAITING trials: the run's trial budget.
 
     Unlike ``study.enqueue_trial({})`` they carry no ``fixed_params``, so the sampler samples
     them like any new trial; leaders pop them atomically, so the study ends with exactly
     the budget whatever the number of groups. The first ``len(fixed)`` carry those
-    parameters, as ``study.enqueue_trial(params)`` writes them.
+    ``(name, parameters)``, as ``study.enqueue_trial(params)`` writes them, a published
+    model's name as the user attribute ``reference_model``.
     """
     import optuna
     from optuna.trial import TrialState
 
     for i in range(n):
         marker: dict[str, Any] = {_keys.RUN_BUDGET_TRIAL: True}
+        user: dict[str, Any] = {}
         if i < len(fixed):
-            marker["fixed_params"] = dict(fixed[i])
-        study.add_trial(optuna.trial.create_trial(state=TrialState.WAITING, system_attrs=marker))
+            name, params = fixed[i]
+            marker["fixed_params"] = dict(params)
+            if name is not None:
+                user[_keys.OBJECTIVE_REFERENCE] = name
+        study.add_trial(
+            optuna.trial.create_trial(
+                state=TrialState.WAITING, system_attrs=marker, user_attrs=user
+            )
+        )
 
 
 def record_budget(study: optuna.Study, total: int) -> None:

@@ -1,10 +1,11 @@
 """What a study's records say, as ``hpcnas status``, ``hpcnas best`` and the end of
 ``hpcnas run`` print them: trials by state, throughput, the best trials, each trial's
-architecture in one line."""
+architecture in one line, and the trial an export trains when none is named."""
 
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 from typing import TYPE_CHECKING
 
@@ -135,3 +136,47 @@ def best_trials(study: optuna.Study, *, top: int) -> list[FrozenTrial]:
     completed = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
     reverse = study.direction == StudyDirection.MAXIMIZE
     return sorted(completed, key=lambda t: t.values[0], reverse=reverse)[:top]
+
+
+def export_choice(study: optuna.Study) -> tuple[FrozenTrial, str | None] | None:
+    """The trial ``hpcnas export`` and ``hpcnas deploy`` train when none is named, and why
+    (``None``: the plain best), or ``None`` when nothing completed.
+
+    The best completed trial, unless a published model of ``[study] enqueue`` (a trial with
+    the ``reference_model`` attribute) scored within one standard error of it: on a few dozen
+    validation samples the two cannot be told apart, and the published model is the one with
+    a record on other data (Breiman's one-standard-error rule, the prior as the tie-break).
+    The standard error is the binomial one of the best trial's accuracy on its
+    ``validation_samples``, at least one sample. Several objectives, or a study without
+    those records: the best trial (the Pareto front's best in the first objective).
+    """
+    from optuna.study import StudyDirection
+    from optuna.trial import TrialState
+
+    ranked = best_trials(study, top=1)
+    if not ranked:
+        return None
+    best = ranked[0]
+    if len(study.directions) > 1 or study.direction != StudyDirection.MAXIMIZE:
+        return best, None
+    samples = best.user_attrs.get(_keys.OBJECTIVE_VALIDATION_SAMPLES)
+    accuracy = best.user_attrs.get(_keys.OBJECTIVE_ACCURACY)
+    if not isinstance(samples, int) or samples < 1 or not isinstance(accuracy, (int, float)):
+        return best, None
+    spread = max(accuracy * (1.0 - accuracy), 1.0 / samples)
+    error = math.sqrt(spread / samples)
+    close = [
+        t
+        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+        if _keys.OBJECTIVE_REFERENCE in t.user_attrs and t.values[0] >= best.values[0] - error
+    ]
+    if not close or best in close:
+        return best, None
+    chosen = max(close, key=lambda t: (t.values[0], -t.number))
+    name = chosen.user_attrs[_keys.OBJECTIVE_REFERENCE]
+    why = (
+        f"the published model {name!r} (trial {chosen.number}, {chosen.values[0]:.4f}) is "
+        f"within one standard error ({error:.3f} on {samples} validation samples) of the best "
+        f"trial {best.number} ({best.values[0]:.4f}): exporting the published model"
+    )
+    return chosen, why

@@ -26,6 +26,7 @@ from optuna_hpcnas._cli_util import format_duration
 from optuna_hpcnas._cli_util import MaskingFilter
 from optuna_hpcnas._summary import best_trials
 from optuna_hpcnas._summary import describe_trial
+from optuna_hpcnas._summary import export_choice
 from optuna_hpcnas._summary import metric_names
 from optuna_hpcnas._summary import study_status
 from optuna_hpcnas._summary import trial_architecture
@@ -219,16 +220,19 @@ def _pick_trial(study: optuna.Study, number: int | None) -> FrozenTrial:
                 "architecture to export"
             )
         return matches[0]
-    ranked = best_trials(study, top=1)
-    if not ranked:
+    choice = export_choice(study)
+    if choice is None:
         raise CLIError(f"study {study.study_name!r} has no completed trial yet")
+    trial, why = choice
+    if why is not None:
+        _logger.info("%s (choose another with --trial).", why)
     if len(study.directions) > 1:
         _logger.info(
             "Multi-objective study: the Pareto-front trial best in %s (choose another with "
             "--trial).",
             metric_names(study)[0],
         )
-    return ranked[0]
+    return trial
 
 
 def _run_data(args: argparse.Namespace, study: optuna.Study) -> Any:

@@ -449,9 +449,14 @@ class RunConfig:
             )
 
     def enqueued_params(self, searched: Any = None) -> list[dict[str, Any]]:
-        """``[study] enqueue`` as Optuna parameters, checked against the space: the first
-        trials of a new study (``study.enqueue_trial``). A name is one of the preset's
-        published models (``optuna_hpcnas.search_space.reference_models``).
+        """``[study] enqueue`` as Optuna parameters (``enqueued_models`` without names)."""
+        return [params for _, params in self.enqueued_models(searched)]
+
+    def enqueued_models(self, searched: Any = None) -> list[tuple[str | None, dict[str, Any]]]:
+        """``[study] enqueue`` as ``(name, Optuna parameters)``, checked against the space:
+        the first trials of a new study (``study.enqueue_trial``). A name is one of the
+        preset's published models (``optuna_hpcnas.search_space.reference_models``); a table
+        of parameters has no name (``None``).
 
         ``searched``: the space the run searches, when the data's shape left choices out of
         ``[space]`` (``fit_to_input``): models outside it are skipped, each logged.
@@ -464,7 +469,7 @@ class RunConfig:
             return []
         space = self.space.build()
         known = reference_models(self.space.preset)
-        resolved = []
+        resolved: list[tuple[str | None, dict[str, Any]]] = []
         for entry in self.study.enqueue:
             if isinstance(entry, str):
                 if entry not in known:
@@ -488,7 +493,7 @@ class RunConfig:
                     entry if isinstance(entry, str) else params,
                 )
                 continue
-            resolved.append(dict(params))
+            resolved.append((entry if isinstance(entry, str) else None, dict(params)))
         return resolved
 
     @property

@@ -9,6 +9,7 @@ share of the data the search never saw (from the test split), and hand both to
 from __future__ import annotations
 
 from collections.abc import Mapping
+import logging
 from pathlib import Path
 from typing import Any
 from typing import TYPE_CHECKING
@@ -47,7 +48,9 @@ def choose_trial(
     study: optuna.Study, *, number: int | None, limits: Mapping[str, float]
 ) -> FrozenTrial:
     """``number``'s trial, else the best complete trial (the Pareto front for several
-    objectives, best in the first) whose recorded costs are within ``limits``."""
+    objectives, best in the first) whose recorded costs are within ``limits``; without limits
+    a single-objective study's choice is ``export_choice``'s (a published model within one
+    standard error of the best is preferred)."""
     from optuna.study import StudyDirection
     from optuna.trial import TrialState
 
@@ -57,6 +60,16 @@ def choose_trial(
                 return t
         raise ValueError(f"trial {number} is not a completed trial of {study.study_name!r}")
     multi = len(study.directions) > 1
+    if not multi and not limits:
+        from optuna_hpcnas._summary import export_choice
+
+        choice = export_choice(study)
+        if choice is None:
+            raise ValueError(f"study {study.study_name!r} has no completed trial yet")
+        trial, why = choice
+        if why is not None:
+            logging.getLogger(__name__).info("%s (choose another with --trial).", why)
+        return trial
     pool = (
         list(study.best_trials)
         if multi

@@ -31,6 +31,7 @@ from collections.abc import Mapping
 import copy
 from dataclasses import dataclass
 from dataclasses import field
+from dataclasses import replace
 from enum import Enum
 import functools
 import gc
@@ -94,12 +95,16 @@ class TrialPlan:
         total_steps: Optimisation steps to run at most (the end of the last stage run).
         report: Report every round (single-objective studies; Optuna prunes only those).
         maximize: Direction of the reported value.
+        protected: A published model enqueued by name (``reference_model``): it goes
+            through every stage whatever the pruner says (its stage values still count for
+            the others), so its final value can be compared with the search's pick.
     """
 
     stages: StagePlan
     total_steps: int
     report: bool
     maximize: bool
+    protected: bool = False
 
     @classmethod
     def for_study(
@@ -135,6 +140,7 @@ class TrialPlan:
             "total_steps": self.total_steps,
             "report": self.report,
             "maximize": self.maximize,
+            "protected": self.protected,
         }
 
     @classmethod
@@ -144,7 +150,15 @@ class TrialPlan:
             int(data["total_steps"]),
             bool(data["report"]),
             bool(data["maximize"]),
+            bool(data.get("protected", False)),
         )
+
+    def for_trial(self, user_attrs: Mapping[str, Any]) -> TrialPlan:
+        """This plan for a trial with these user attributes (a reference model is
+        protected)."""
+        if _keys.OBJECTIVE_REFERENCE in user_attrs and not self.protected:
+            return replace(self, protected=True)
+        return self
 
 
 @dataclass(frozen=True)
@@ -515,6 +529,7 @@ class TrialEvaluator:
         costs = self._costs(arch, model, link)
         costs.update(self._validate([model] * len(self.folds.splits)))
         accuracy = costs["accuracy"]
+        link.record({_keys.OBJECTIVE_VALIDATION_SAMPLES: self.folds.validation_size})
         link.record({_keys.OBJECTIVE_INHERITED_ACCURACY: accuracy})
         train = self._feasible(costs) or not self.config.skip_infeasible
         if not train:
@@ -660,7 +675,7 @@ class TrialEvaluator:
                 decision, reason = link.decide(step, value, fault)
                 if decision == Decision.FAIL:
                     return self._failed(link, reason or "failed on another rank")
-                if decision == Decision.PRUNE:
+                if decision == Decision.PRUNE and not plan.protected:
                     return Outcome(
                         "pruned", reason=f"pruned at step {step} (stage {stage.name!r})"
                     )

@@ -140,6 +140,7 @@ class SupernetObjective:
         arch = self.space.suggest(trial)
         record_architecture(trial, arch)
         plan = TrialPlan.for_study(trial.study, self.config, self.plan)
+        plan = plan.for_trial(trial.user_attrs)
         outcome = self.core.evaluate(arch, OptunaTrialLink(trial, plan), self.engine)
         if outcome.state == "pruned":
             raise optuna.TrialPruned(outcome.reason)

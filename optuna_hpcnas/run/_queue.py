@@ -177,7 +177,8 @@ class _Asker:
                 self._tell_infeasible(trial, arch, excess)
                 continue
             with tracker.track("storage"):
-                return Taken(trial, arch, self._calls.plan(), self._population())
+                plan = self._calls.plan().for_trial(trial.user_attrs)
+                return Taken(trial, arch, plan, self._population())
 
     def _wait(self, told: Future[None] | None) -> None:
         if told is not None:

@@ -15,6 +15,7 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
+from optuna_hpcnas import _keys
 from optuna_hpcnas import _records
 
 if TYPE_CHECKING:
@@ -156,8 +157,9 @@ def queue_budget(
     n_trials = config.study.n_trials
     new_study = not study.get_trials(deepcopy=False)
     if n_trials is None:
-        for params in config.enqueued_params(space) if new_study else []:
-            study.enqueue_trial(params)  # a timeout-only run starts with ``[study] enqueue``
+        for name, params in config.enqueued_models(space) if new_study else []:
+            # a timeout-only run starts with ``[study] enqueue``
+            study.enqueue_trial(params, user_attrs=_reference(name))
         return
     waiting = len(study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
     interrupted = len(study.get_trials(deepcopy=False)) > waiting
@@ -172,8 +174,12 @@ def queue_budget(
     new = max(0, n_trials - waiting)
     _records.record_budget(study, _records.queued_budget(study) + new)
     # A new study's first budget trials are ``[study] enqueue``'s architectures.
-    fixed = config.enqueued_params(space)[:new] if new_study else []
+    fixed = config.enqueued_models(space)[:new] if new_study else []
     _records.add_budget(study, new, fixed=fixed)
+
+
+def _reference(name: str | None) -> dict[str, str]:
+    return {} if name is None else {_keys.OBJECTIVE_REFERENCE: name}
 
 
 def _fill_budget(study: optuna.Study) -> int:

@@ -262,3 +262,18 @@ def test_a_time_cap_ends_the_trial_with_the_value_it_has() -> None:
 def test_stage_schedule_is_validated() -> None:
     with pytest.raises(ValueError, match="'linear'"):
         ObjectiveConfig(stage_schedule="linear")
+
+
+def test_a_published_model_goes_through_every_stage_whatever_the_pruner_says() -> None:
+    objective = _objective_for(_task())
+    # every report is below the threshold: the pruner says "prune" at the first one
+    study = optuna.create_study(
+        direction="maximize", pruner=optuna.pruners.ThresholdPruner(lower=2.0)
+    )
+    study.enqueue_trial({}, user_attrs={_keys.OBJECTIVE_REFERENCE: "fcn"})
+    study.optimize(objective, n_trials=2)
+    reference, other = study.trials
+    assert reference.state == optuna.trial.TrialState.COMPLETE
+    assert reference.user_attrs["steps"] == 6 and reference.last_step == 6
+    assert other.state == optuna.trial.TrialState.PRUNED and other.last_step == 1
+    assert reference.user_attrs[_keys.OBJECTIVE_VALIDATION_SAMPLES] == 60

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import optuna
 import pytest
 import torch
@@ -294,3 +295,29 @@ def test_enqueue_names_a_published_model_of_the_preset() -> None:
         config_from_dict(tiny_config(study={"enqueue": [{"node.topology": "ring"}]}))
     with pytest.raises(ConfigError, match="`enqueue` must be a list"):
         config_from_dict(tiny_config(study={"enqueue": "cnn"}))
+
+
+def test_published_models_are_named_in_the_study_and_run_protected(tmp_path: Path) -> None:
+    """``[study] enqueue = ["fcn", "cnn"]``: the trials carry ``reference_model`` (the
+    dashboard shows it, the export compares with it) and their plan is protected."""
+    from optuna_hpcnas.evaluation import TrialPlan
+    from optuna_hpcnas.pruners import StagePlan
+
+    rng = np.random.default_rng(0)
+    y = np.arange(80) % 2
+    x = (rng.normal(size=(80, 40)) + y[:, None]).astype(np.float32)
+    np.savez(tmp_path / "signals.npz", x_train=x, y_train=y)
+    study = _run(
+        tmp_path,
+        study={"n_trials": 3, "enqueue": ["fcn", "cnn"]},
+        space={"preset": "signal-1d"},
+        data={"name": "npz", "path": str(tmp_path / "signals.npz")},
+        pruner={"name": "none"},
+    )
+    trials = sorted(study.trials, key=lambda t: t.number)
+    names = [t.user_attrs.get(_keys.OBJECTIVE_REFERENCE) for t in trials]
+    assert names == ["fcn", "cnn", None]
+    assert all(t.state == COMPLETE for t in trials)
+    plan = TrialPlan(StagePlan(), 100, report=True, maximize=True)
+    assert plan.for_trial(trials[0].user_attrs).protected
+    assert plan.for_trial(trials[2].user_attrs) is plan

@@ -1,0 +1,122 @@
+"""Does the export recipe converge? The ``signal-1d`` starter's ``[export]`` on each data set.
+
+Trains the FCN baseline of the space (``reference_models("signal-1d")["fcn"]``) with the
+starter's export recipe (Adam, cosine, ``steps`` steps, batch and learning rate following the
+data) on train + validation, as ``hpcnas export`` does, and records the smoothed training
+loss and the test accuracy every tenth of the budget, for each seed. Prints a table and draws
+the curves (``--plot``, the figure in docs/signals.md). A recipe that converges has a flat
+loss and test accuracy over its last tenths.
+
+    python bench/export_recipe.py [--sets GunPoint ItalyPowerDemand BasicMotions mnist1d]
+        [--seeds 0 1 2] [--steps 2000] [--plot docs/images/export_recipe.png]
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+SETS = ("GunPoint", "ItalyPowerDemand", "BasicMotions", "mnist1d")
+
+
+def curve(name: str, seed: int, steps: int) -> dict[str, Any]:
+    from optuna_hpcnas.cli import starter
+    from optuna_hpcnas.config import DataConfig
+    from optuna_hpcnas.config import tomllib
+    from optuna_hpcnas.evaluation import evaluate
+    from optuna_hpcnas.evaluation import ScratchTrainingConfig
+    from optuna_hpcnas.evaluation import train_model
+    from optuna_hpcnas.search_space import fit_to_input
+    from optuna_hpcnas.search_space import HierarchicalSearchSpace
+    from optuna_hpcnas.search_space import reference_models
+    from optuna_hpcnas.supernet import SuperNet
+
+    table = {"name": "mnist1d"} if name == "mnist1d" else {"name": "aeon", "dataset": name}
+    data = DataConfig(**table, seed=seed).load()
+    space = fit_to_input(HierarchicalSearchSpace.preset("signal-1d"), data.input_shape).space
+    arch = space.from_params(reference_models("signal-1d")["fcn"])
+    net = SuperNet(space, input_shape=data.input_shape, num_classes=data.num_classes, seed=seed)
+    model = net.subnet(arch)
+    export = tomllib.loads(starter("signal-1d"))["export"]
+    recipe = ScratchTrainingConfig(
+        **{**export, "steps": steps, "seed": seed, "latency_repeats": 0}
+    )
+    losses: list[float] = []
+    tests: dict[int, float] = {}
+    tenth = max(1, steps // 10)
+
+    def on_step(step: int, loss: float) -> None:
+        losses.append(loss)
+        if step % tenth == 0:
+            tests[step], _ = evaluate(model, data.test)
+            model.train()
+
+    started = time.perf_counter()
+    result = train_model(model, data, recipe, on_step=on_step)
+    return {
+        "set": name,
+        "seed": seed,
+        "batch": result["batch_size"],
+        "seconds": time.perf_counter() - started,
+        "test": result["test_accuracy"],
+        "loss": [float(np.mean(losses[i : i + tenth])) for i in range(0, steps, tenth)],
+        "tests": [tests[s] for s in sorted(tests)],
+    }
+
+
+def _plot(rows: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.6))
+    colours = dict(zip(SETS, ("C0", "C1", "C2", "C3")))
+    for row in rows:
+        x = np.arange(1, len(row["loss"]) + 1) * 10
+        label = row["set"] if row["seed"] == rows[0]["seed"] else None
+        left.plot(x, row["loss"], color=colours[row["set"]], alpha=0.7, label=label)
+        right.plot(x, row["tests"], color=colours[row["set"]], alpha=0.7, label=label)
+    left.set(yscale="log", xlabel="% of the export's steps", ylabel="training loss")
+    right.set(xlabel="% of the export's steps", ylabel="test accuracy", ylim=(0.5, 1.01))
+    left.legend()
+    fig.suptitle("FCN with the signal-1d export recipe (one line per seed)")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sets", nargs="+", default=list(SETS), choices=SETS)
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    parser.add_argument("--steps", type=int, default=2000)
+    parser.add_argument("--plot", default=None, help="PNG of the curves")
+    args = parser.parse_args()
+
+    import torch
+
+    torch.set_num_threads(1)
+    rows = [curve(name, seed, args.steps) for name in args.sets for seed in args.seeds]
+    print("| set | seed | batch | seconds | test accuracy by tenth of the steps | final |")
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        tests = " ".join(f"{t:.3f}" for t in r["tests"])
+        print(f"| {r['set']} | {r['seed']} | {r['batch']} | {r['seconds']:.0f} | {tests} | "
+              f"{r['test']:.4f} |")  # fmt: skip
+    print("\nmean training loss by tenth (the last three should be flat):")
+    for r in rows:
+        print(f"  {r['set']:<17} seed {r['seed']}: " + " ".join(f"{v:.4f}" for v in r["loss"]))
+    if args.plot:
+        _plot(rows, Path(args.plot))
+        print(f"wrote {args.plot}")
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    main()

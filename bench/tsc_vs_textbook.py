@@ -1,0 +1,266 @@
+"""Time-series classification against the textbook models, at equal wall-clock, in one run.
+
+For every data set and seed, on the same cores one after the other:
+
+(a) the project as a user types it: ``hpcnas init --preset signal-1d``, the ``[data]`` table
+    pointed at the set, ``hpcnas run`` (its timeout leaving room for the export inside the
+    budget) and ``hpcnas export``; the exported model's test accuracy, wall time of both;
+(b) the textbook models alone, FCN and ResNet of Wang et al. 2017 (``bench/_textbook.py``),
+    with the literature's recipe on the whole training set, each given the whole budget;
+(c) what a user of Optuna writes: ``TPESampler`` + ``HyperbandPruner`` over stand-alone
+    training of the same (fitted) ``signal-1d`` space (Adam 1e-3, batches of min(N/10, 16)
+    of the training split, validation accuracy every 50 steps, at most 1,000 steps), for the
+    budget less the final training; the best architecture then trained with (a)'s export
+    recipe on train + validation.
+
+Data: GunPoint, ItalyPowerDemand and BasicMotions as aeon's wheel ships them (the archive's
+train/test split, read offline) and MNIST-1D (4,000 / 1,000, generator seed 42); the seed
+draws the validation split, the samplers and the weights. Prints test accuracy, mean +- s.e.
+over the seeds, beside the published FCN / ResNet figures (Fawaz et al. 2019, mean of 10
+runs). Results go to ``--out`` as they finish (JSON), and a rerun skips what is there.
+
+    python bench/tsc_vs_textbook.py [--sets GunPoint ...] [--seeds 0 1 2] [--minutes 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+VENV_BIN = Path(sys.executable).parent
+SETS = ("GunPoint", "ItalyPowerDemand", "BasicMotions", "mnist1d")
+# Fawaz et al. 2019, Table 4 (FCN, ResNet; UCR 2015 split, mean of 10 runs). BasicMotions and
+# MNIST-1D are not in it.
+PUBLISHED = {"GunPoint": (100.0, 99.1), "ItalyPowerDemand": (96.1, 96.3)}
+METHODS = ("hpcnas", "fcn", "resnet", "tpe+hyperband")
+
+
+def _data_table(name: str, seed: int) -> dict[str, Any]:
+    if name == "mnist1d":
+        return {"name": "mnist1d", "seed": seed}
+    return {"name": "aeon", "dataset": name, "seed": seed}
+
+
+def _load(name: str, seed: int) -> Any:
+    from optuna_hpcnas.config import DataConfig
+
+    return DataConfig(**_data_table(name, seed)).load()
+
+
+# ---------------------------------------------------------------------------- (a)
+def hpcnas(name: str, seed: int, budget: float, work: Path) -> dict[str, Any]:
+    """(a): ``hpcnas init``, ``run`` and ``export``, timed as a whole."""
+    import tomli_w
+
+    config = _starter()
+    config["data"] = _data_table(name, seed)
+    config["sampler"]["seed"] = seed
+    config["training"]["seed"] = seed
+    config["export"]["seed"] = seed
+    # the export and the run's start (data, warm-up) inside the budget
+    config["study"]["timeout"] = max(30.0, 0.85 * budget - 30.0)
+    config["study"]["storage"] = f"sqlite:///{work / 'nas.db'}"
+    path = work / "nas.toml"
+    path.write_text(tomli_w.dumps(config))
+    started = time.perf_counter()
+    run = _hpcnas("run", "--config", str(path), "--no-progress", cwd=work)
+    run_seconds = time.perf_counter() - started
+    export = _hpcnas("export", "--config", str(path), "--out", "best", "--no-onnx", cwd=work)
+    found = re.search(r"test accuracy ([0-9.]+)", export)
+    assert found is not None, export
+    chosen = re.search(r"exported trial (\d+)", export)
+    trials = re.search(r"study '[^']+': (.*)", run)
+    return {
+        "test": float(found.group(1)),
+        "seconds": time.perf_counter() - started,
+        "run_seconds": run_seconds,
+        "trials": trials.group(1) if trials else "",
+        "exported_trial": int(chosen.group(1)) if chosen else None,
+        "published_choice": "published model" in export,
+    }
+
+
+def _starter() -> dict[str, Any]:
+    """The ``signal-1d`` starter that ``hpcnas init`` writes, as a table."""
+    from optuna_hpcnas.cli import starter
+    from optuna_hpcnas.config import tomllib
+
+    return dict(tomllib.loads(starter("signal-1d")))
+
+
+def _hpcnas(*args: str, cwd: Path) -> str:
+    out = subprocess.run(
+        [str(VENV_BIN / "hpcnas"), *args], cwd=cwd, capture_output=True, text=True, check=False
+    )
+    if out.returncode != 0:
+        raise SystemExit(f"hpcnas {args[0]} failed ({out.returncode}):\n{out.stderr[-3000:]}")
+    return out.stdout + out.stderr
+
+
+# ---------------------------------------------------------------------------- (b)
+def textbook(model: str, name: str, seed: int, budget: float) -> dict[str, Any]:
+    """(b): FCN or ResNet alone, the literature's recipe, the whole training set."""
+    from bench._textbook import accuracy
+    from bench._textbook import fit
+    from optuna_hpcnas.data import joined
+
+    data = _load(name, seed)
+    train = joined(data.train, data.valid)
+    x, y = train.tensors  # type: ignore[attr-defined]
+    started = time.perf_counter()
+    net, info = fit(model, x, y, data.num_classes, seconds=budget, seed=seed)
+    seconds = time.perf_counter() - started
+    xt, yt = data.test.tensors  # type: ignore[attr-defined]
+    return {"test": accuracy(net, xt, yt), "seconds": seconds, **info}
+
+
+# ---------------------------------------------------------------------------- (c)
+def tpe_hyperband(name: str, seed: int, budget: float) -> dict[str, Any]:
+    """(c): TPE + Hyperband over stand-alone training of the space, then the export recipe."""
+    import optuna
+    import torch
+    import torch.nn.functional as F
+
+    from optuna_hpcnas.data import stream_batches
+    from optuna_hpcnas.evaluation import evaluate
+    from optuna_hpcnas.evaluation import ScratchTrainingConfig
+    from optuna_hpcnas.evaluation import train_model
+    from optuna_hpcnas.search_space import fit_to_input
+    from optuna_hpcnas.search_space import HierarchicalSearchSpace
+    from optuna_hpcnas.supernet import SuperNet
+
+    data = _load(name, seed)
+    space = HierarchicalSearchSpace.preset("signal-1d").fitting(1)
+    space = fit_to_input(space, data.input_shape).space
+    batch = max(2, min(len(data.train) // 10, 16))  # type: ignore[arg-type]
+    every, rounds = 50, 20
+
+    def build(arch: Any, number: int) -> torch.nn.Module:
+        net = SuperNet(
+            space, input_shape=data.input_shape, num_classes=data.num_classes, seed=number
+        )
+        return net.subnet(arch).train()
+
+    def objective(trial: optuna.Trial) -> float:
+        arch = space.suggest(trial)
+        trial.set_user_attr("arch", arch.to_json())
+        model = build(arch, trial.number)
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+        generator = torch.Generator().manual_seed(trial.number)
+        batches = stream_batches(data.train, batch, generator=generator)
+        accuracy = 0.0
+        for r in range(1, rounds + 1):
+            model.train()
+            for _, (x, y) in zip(range(every), batches):
+                loss = F.cross_entropy(model(x), y)
+                if not torch.isfinite(loss):
+                    raise optuna.TrialPruned("non-finite loss")
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+            accuracy, _ = evaluate(model, data.valid)
+            trial.report(accuracy, r)
+            if trial.should_prune():
+                raise optuna.TrialPruned()
+        return accuracy
+
+    study = optuna.create_study(
+        direction="maximize",
+        sampler=optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True),
+        pruner=optuna.pruners.HyperbandPruner(min_resource=1, max_resource=rounds),
+    )
+    started = time.perf_counter()
+    study.optimize(objective, timeout=0.85 * budget - 30.0, catch=(RuntimeError, ValueError))
+    from optuna_hpcnas import Architecture
+
+    recipe = ScratchTrainingConfig(**_starter()["export"], seed=seed)
+    best = Architecture.from_json(study.best_trial.user_attrs["arch"])
+    result = train_model(build(best, seed), data, recipe)
+    states = [t.state.name for t in study.trials]
+    return {
+        "test": result["test_accuracy"],
+        "seconds": time.perf_counter() - started,
+        "trials": f"{states.count('COMPLETE')} complete, {states.count('PRUNED')} pruned",
+        "best_valid": study.best_value,
+    }
+
+
+# ---------------------------------------------------------------------------- table
+def _table(results: dict[str, Any], sets: list[str], seeds: list[int]) -> str:
+    head = "| set | " + " | ".join(METHODS) + " | published FCN / ResNet |"
+    lines = [head, "|" + "---|" * (len(METHODS) + 2)]
+    for name in sets:
+        cells = []
+        for method in METHODS:
+            values = [
+                results[key]["test"]
+                for seed in seeds
+                if (key := f"{name}/{seed}/{method}") in results
+            ]
+            cells.append(_mean_se(values))
+        fcn, resnet = PUBLISHED.get(name, (None, None))
+        published = f"{fcn} / {resnet}" if fcn is not None else "-"
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {published} |")
+    return "\n".join(lines)
+
+
+def _mean_se(values: list[float]) -> str:
+    if not values:
+        return "-"
+    mean = sum(values) / len(values)
+    if len(values) == 1:
+        return f"{100 * mean:.1f} (n=1)"
+    var = sum((v - mean) ** 2 for v in values) / (len(values) - 1)
+    return f"{100 * mean:.1f} +- {100 * math.sqrt(var / len(values)):.1f} (n={len(values)})"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sets", nargs="+", default=list(SETS), choices=SETS)
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    parser.add_argument("--minutes", type=float, default=20.0, help="budget of each method")
+    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+    parser.add_argument("--out", default="bench/results/tsc_vs_textbook.json")
+    args = parser.parse_args()
+
+    import torch
+
+    torch.set_num_threads(2)  # (b) and (c) in this process: the same two cores as (a)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    results = json.loads(out.read_text()) if out.is_file() else {}
+    budget = 60.0 * args.minutes
+    for seed in args.seeds:
+        for name in args.sets:
+            for method in args.methods:
+                key = f"{name}/{seed}/{method}"
+                if key in results:
+                    continue
+                started = time.perf_counter()
+                if method == "hpcnas":
+                    with tempfile.TemporaryDirectory() as work:
+                        result = hpcnas(name, seed, budget, Path(work))
+                elif method == "tpe+hyperband":
+                    result = tpe_hyperband(name, seed, budget)
+                else:
+                    result = textbook(method, name, seed, budget)
+                result["wall"] = time.perf_counter() - started
+                results[key] = result
+                out.write_text(json.dumps(results, indent=1))
+                print(key, json.dumps(result), flush=True)
+    minutes = f"{args.minutes:g} minutes per method on 2 cores"
+    print(f"\ntest accuracy (%), {minutes}, seeds {args.seeds}")
+    print(_table(results, args.sets, args.seeds))
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    main()

@@ -1,0 +1,69 @@
+"""``export_choice``: the best trial, unless a published model is within one standard error."""
+
+from __future__ import annotations
+
+import optuna
+from optuna.trial import create_trial
+import pytest
+
+from optuna_hpcnas import _keys
+from optuna_hpcnas._summary import export_choice
+
+
+def _study(
+    *trials: tuple[float, dict], directions: tuple[str, ...] = ("maximize",)
+) -> optuna.Study:
+    study = optuna.create_study(directions=list(directions))
+    for value, attrs in trials:
+        values = [value] * len(directions)
+        study.add_trial(create_trial(values=values, user_attrs=attrs))
+    return study
+
+
+def _attrs(accuracy: float, samples: int | None = 50, reference: str | None = None) -> dict:
+    attrs: dict = {_keys.OBJECTIVE_ACCURACY: accuracy}
+    if samples is not None:
+        attrs[_keys.OBJECTIVE_VALIDATION_SAMPLES] = samples
+    if reference is not None:
+        attrs[_keys.OBJECTIVE_REFERENCE] = reference
+    return attrs
+
+
+def test_a_published_model_within_one_standard_error_is_chosen() -> None:
+    # 0.90 on 50 samples: a standard error of 0.042; the FCN at 0.88 is within it
+    study = _study((0.88, _attrs(0.88, reference="fcn")), (0.90, _attrs(0.90)))
+    choice = export_choice(study)
+    assert choice is not None
+    trial, why = choice
+    assert trial.number == 0 and why is not None and "'fcn'" in why and "0.042" in why
+
+
+@pytest.mark.parametrize(
+    "trials",
+    [
+        # the published model is further than a standard error below
+        ((0.80, _attrs(0.80, reference="fcn")), (0.90, _attrs(0.90))),
+        # 800 samples: 0.98 +- 0.005 tells 0.97 apart
+        ((0.97, _attrs(0.97, 800, reference="cnn")), (0.98, _attrs(0.98, 800))),
+        # no record of the validation size (a study of the plain Python API)
+        ((0.89, _attrs(0.89, None, reference="fcn")), (0.90, _attrs(0.90, None))),
+    ],
+)
+def test_otherwise_the_best_trial_is_chosen(trials: tuple) -> None:
+    choice = export_choice(_study(*trials))
+    assert choice is not None and choice[0].number == 1 and choice[1] is None
+
+
+def test_a_perfect_score_still_leaves_one_sample_of_doubt() -> None:
+    study = _study((0.98, _attrs(0.98, 50, reference="fcn")), (1.0, _attrs(1.0, 50)))
+    choice = export_choice(study)
+    assert choice is not None and choice[0].number == 0  # 1/50 = 0.02
+
+
+def test_several_objectives_and_an_empty_study() -> None:
+    multi = _study(
+        (0.9, _attrs(0.9, reference="fcn")), (0.95, _attrs(0.95)), directions=("maximize",) * 2
+    )
+    choice = export_choice(multi)
+    assert choice is not None and choice[0].number == 1 and choice[1] is None
+    assert export_choice(optuna.create_study(direction="maximize")) is None
