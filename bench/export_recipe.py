@@ -9,6 +9,7 @@ loss and test accuracy over its last tenths.
 
     python bench/export_recipe.py [--sets GunPoint ItalyPowerDemand BasicMotions mnist1d]
         [--seeds 0 1 2] [--steps 2000] [--plot docs/images/export_recipe.png]
+        [--fixed-lr 1e-2]   # one rate at every batch size instead of the square-root rule
 """
 
 from __future__ import annotations
@@ -24,11 +25,13 @@ import numpy as np
 SETS = ("GunPoint", "ItalyPowerDemand", "BasicMotions", "mnist1d")
 
 
-def curve(name: str, seed: int, steps: int) -> dict[str, Any]:
+def curve(name: str, seed: int, steps: int, fixed_lr: float | None) -> dict[str, Any]:
     from optuna_hpcnas.cli import starter
     from optuna_hpcnas.config import DataConfig
     from optuna_hpcnas.config import tomllib
+    from optuna_hpcnas.data import joined
     from optuna_hpcnas.evaluation import evaluate
+    from optuna_hpcnas.evaluation import resolve_batch_size
     from optuna_hpcnas.evaluation import ScratchTrainingConfig
     from optuna_hpcnas.evaluation import train_model
     from optuna_hpcnas.search_space import fit_to_input
@@ -43,6 +46,9 @@ def curve(name: str, seed: int, steps: int) -> dict[str, Any]:
     net = SuperNet(space, input_shape=data.input_shape, num_classes=data.num_classes, seed=seed)
     model = net.subnet(arch)
     export = tomllib.loads(starter("signal-1d"))["export"]
+    if fixed_lr is not None:  # the same batch, the rate not scaled with it
+        samples = len(joined(data.train, data.valid))  # type: ignore[arg-type]
+        export.update(lr=fixed_lr, batch_size=resolve_batch_size("auto", samples))
     recipe = ScratchTrainingConfig(
         **{**export, "steps": steps, "seed": seed, "latency_repeats": 0}
     )
@@ -97,12 +103,20 @@ def main() -> None:
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument("--plot", default=None, help="PNG of the curves")
+    parser.add_argument(
+        "--fixed-lr",
+        type=float,
+        default=None,
+        help="this learning rate at every batch size (the rule's alternative)",
+    )
     args = parser.parse_args()
 
     import torch
 
     torch.set_num_threads(1)
-    rows = [curve(name, seed, args.steps) for name in args.sets for seed in args.seeds]
+    rows = [
+        curve(name, seed, args.steps, args.fixed_lr) for name in args.sets for seed in args.seeds
+    ]
     print("| set | seed | batch | seconds | test accuracy by tenth of the steps | final |")
     print("|---|---|---|---|---|---|")
     for r in rows:

@@ -101,9 +101,9 @@ def tpe(budget: float, steps: int | None, seed: int, generator_seed: int | None)
     import optuna
 
     from optuna_hpcnas import HierarchicalSearchSpace
+    from optuna_hpcnas.evaluation import resolve_batch_size
     from optuna_hpcnas.evaluation import ScratchTrainingConfig
     from optuna_hpcnas.evaluation import train_model
-    from optuna_hpcnas.evaluation._config import resolve_batch_size
     from optuna_hpcnas.supernet import SuperNet
 
     data = _data(generator_seed)

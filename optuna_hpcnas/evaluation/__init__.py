@@ -9,7 +9,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from optuna_hpcnas._lazy import lazy_attributes
+from optuna_hpcnas.evaluation._config import lr_scale
 from optuna_hpcnas.evaluation._config import ObjectiveConfig
+from optuna_hpcnas.evaluation._config import resolve_batch_size
 from optuna_hpcnas.evaluation._config import ScratchTrainingConfig
 
 if TYPE_CHECKING:
@@ -85,8 +87,10 @@ __all__ = [
     "count_parameters",
     "evaluate",
     "is_out_of_memory",
+    "lr_scale",
     "measure_latency",
     "report_round",
+    "resolve_batch_size",
     "train_from_scratch",
     "train_model",
     "verdict_needed",

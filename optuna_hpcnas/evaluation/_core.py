@@ -434,6 +434,14 @@ class TrialEvaluator:
             self.batch_size,
             self.lr_scale,
         )
+        if self.folds.too_few_to_rank:
+            _logger.warning(
+                "Only %d samples score each candidate: one sample is %.0f accuracy points, so "
+                "candidates a few samples apart are not told apart; ties rank by the "
+                "log-loss, and the export prefers a published model within one standard error.",
+                self.folds.validation_size,
+                100 / max(self.folds.validation_size, 1),
+            )
         self.predictor = LatencyPredictor(trainer.supernet, repeats=config.latency_repeats)
         self._flops: dict[str, float] = {}
         self._deployed: list[tuple[Architecture, float]] = []  # onnx-int8 measurements

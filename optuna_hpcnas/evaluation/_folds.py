@@ -24,6 +24,9 @@ from optuna_hpcnas.data import TaskData
 
 MIN_VALIDATION = 50
 MIN_PER_CLASS = 5
+# Below this many pooled samples one sample moves an accuracy by 5 points or more: candidates
+# within a few samples of each other are not told apart by any protocol.
+TOO_FEW_TO_RANK = 20
 
 
 @dataclass(frozen=True)
@@ -44,6 +47,10 @@ class Folds:
     def validation_size(self) -> int:
         """Samples every score is pooled over."""
         return sum(_size(valid) for _, valid in self.splits)
+
+    @property
+    def too_few_to_rank(self) -> bool:
+        return self.validation_size < TOO_FEW_TO_RANK
 
     @property
     def smallest_training_set(self) -> int:

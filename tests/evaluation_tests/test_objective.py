@@ -277,3 +277,19 @@ def test_a_published_model_goes_through_every_stage_whatever_the_pruner_says() -
     assert reference.user_attrs["steps"] == 6 and reference.last_step == 6
     assert other.state == optuna.trial.TrialState.PRUNED and other.last_step == 1
     assert reference.user_attrs[_keys.OBJECTIVE_VALIDATION_SAMPLES] == 60
+
+
+def test_small_data_is_cross_validated_and_said_so(caplog: pytest.LogCaptureFixture) -> None:
+    """8 samples of 3 classes: the holdout cannot rank, so 5 folds of train + validation
+    (here twice the same 8 samples) pool 16 predictions, and the run warns it is too few."""
+    import logging
+
+    with caplog.at_level(logging.INFO, logger="optuna_hpcnas.evaluation._core"):
+        core = _objective_for(_task(8)).core
+    assert core.folds.kind == "cross-validation" and len(core.folds.splits) == 5
+    assert core.folds.validation_size == 16
+    assert "a holdout of 8 samples is too few to rank" in caplog.text
+    assert "Only 16 samples score each candidate" in caplog.text
+    assert core.warm_up() == []  # no warm-up: the shared weights would see every fold
+    roomy = _objective_for(_task(60)).core
+    assert roomy.folds.kind == "holdout" and roomy.folds.validation_size == 60
