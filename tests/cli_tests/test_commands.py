@@ -296,3 +296,18 @@ def test_status_progress_counts_the_enqueued_budget(
     code, out, _ = _run(capsys, "status", "--storage", sqlite_url)
     assert code == 0
     assert "progress     2/5 (40%)" in out and "WAITING 3" in out
+
+
+def test_one_version_for_the_command_the_package_and_its_metadata(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import importlib.metadata
+
+    import optuna_hpcnas
+
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0
+    printed = capsys.readouterr().out.strip()
+    assert printed == f"optuna-hpcnas {optuna_hpcnas.__version__}"
+    assert importlib.metadata.version("optuna-hpcnas") == optuna_hpcnas.__version__
