@@ -85,6 +85,28 @@ def hpcnas(name: str, seed: int, budget: float, work: Path) -> dict[str, Any]:
         "trials": trials.group(1) if trials else "",
         "exported_trial": int(chosen.group(1)) if chosen else None,
         "published_choice": "published model" in export,
+        **_study_figures(work),
+    }
+
+
+def _study_figures(work: Path) -> dict[str, Any]:
+    """The best trial's value and the published models' values, from the run's study."""
+    import optuna
+
+    storage = f"sqlite:///{work / 'nas.db'}"
+    (summary,) = optuna.get_all_study_summaries(storage)
+    study = optuna.load_study(study_name=summary.study_name, storage=storage)
+    complete = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+    best = max(complete, key=lambda t: t.values[0])
+    references = {
+        str(t.user_attrs["reference_model"]): round(float(t.values[0]), 4)
+        for t in complete
+        if "reference_model" in t.user_attrs
+    }
+    return {
+        "best_value": round(float(best.values[0]), 4),
+        "best_architecture": best.user_attrs.get("arch_description", ""),
+        "reference_values": references,
     }
 
 

@@ -143,12 +143,15 @@ def export_choice(study: optuna.Study) -> tuple[FrozenTrial, str | None] | None:
     (``None``: the plain best), or ``None`` when nothing completed.
 
     The best completed trial, unless a published model of ``[study] enqueue`` (a trial with
-    the ``reference_model`` attribute) scored within one standard error of it: on a few dozen
-    validation samples the two cannot be told apart, and the published model is the one with
-    a record on other data (Breiman's one-standard-error rule, the prior as the tie-break).
-    The standard error is the binomial one of the best trial's accuracy on its
-    ``validation_samples``, at least one sample. Several objectives, or a study without
-    those records: the best trial (the Pareto front's best in the first objective).
+    the ``reference_model`` attribute) scored within the best's selection margin: the best
+    of ``K`` completed trials is the largest of ``K`` noisy estimates, which sits about
+    ``sqrt(2 ln K)`` standard errors above its true value (the Gaussian extreme value), so
+    on a few dozen validation samples the search's pick and the published model cannot be
+    told apart, and the published model is the one with a record on other data (Breiman's
+    one-standard-error rule, widened by the selection). The standard error is the binomial
+    one of the best trial's accuracy on its ``validation_samples``, at least one sample.
+    Several objectives, or a study without those records: the best trial (the Pareto
+    front's best in the first objective).
     """
     from optuna.study import StudyDirection
     from optuna.trial import TrialState
@@ -163,12 +166,13 @@ def export_choice(study: optuna.Study) -> tuple[FrozenTrial, str | None] | None:
     accuracy = best.user_attrs.get(_keys.OBJECTIVE_ACCURACY)
     if not isinstance(samples, int) or samples < 1 or not isinstance(accuracy, (int, float)):
         return best, None
+    complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
     spread = max(accuracy * (1.0 - accuracy), 1.0 / samples)
-    error = math.sqrt(spread / samples)
+    margin = math.sqrt(spread / samples) * max(1.0, math.sqrt(2.0 * math.log(len(complete))))
     close = [
         t
-        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-        if _keys.OBJECTIVE_REFERENCE in t.user_attrs and t.values[0] >= best.values[0] - error
+        for t in complete
+        if _keys.OBJECTIVE_REFERENCE in t.user_attrs and t.values[0] >= best.values[0] - margin
     ]
     if not close or best in close:
         return best, None
@@ -176,7 +180,8 @@ def export_choice(study: optuna.Study) -> tuple[FrozenTrial, str | None] | None:
     name = chosen.user_attrs[_keys.OBJECTIVE_REFERENCE]
     why = (
         f"the published model {name!r} (trial {chosen.number}, {chosen.values[0]:.4f}) is "
-        f"within one standard error ({error:.3f} on {samples} validation samples) of the best "
-        f"trial {best.number} ({best.values[0]:.4f}): exporting the published model"
+        f"within {margin:.3f} of the best trial {best.number} ({best.values[0]:.4f}), the "
+        f"best of {len(complete)} on {samples} validation samples: too close to tell them "
+        "apart, exporting the published model"
     )
     return chosen, why

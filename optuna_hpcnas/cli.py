@@ -579,10 +579,10 @@ seed = 0
 name = "staged"                # staged (the [stages] below) | median | hyperband | none
 
 [stages]                       # quick -> medium -> full: budgets of optimisation steps, the
-stages = [                     # same for 40 series or 40,000 (never epochs)
-    { name = "quick", steps = 100, lr = 1e-2, promote = 0.34 },
-    { name = "medium", steps = 200, lr = 1e-2, promote = 0.34 },
-    { name = "full", steps = 600, lr = 1e-2 },
+stages = [                     # same for 40 series or 40,000 (never epochs); with the auto
+    { name = "quick", steps = 100, lr = 4e-3, promote = 0.34 },    # batch below, steps and
+    { name = "medium", steps = 200, lr = 4e-3, promote = 0.34 },   # rates of a batch of 64
+    { name = "full", steps = 600, lr = 4e-3 },                     # (see [objective])
 ]
 patience = 150                 # steps without improvement before a candidate stops
 eval_every = 50                # steps between validations (and at every stage's end)
@@ -600,10 +600,11 @@ weight_decay = 0.0
 objectives = ["accuracy"]      # or several of accuracy, loss, flops, params, latency
 optimizer = "adam"
 batch_size = "auto"            # a tenth of the training set, 4 to 64 (64 on MNIST-1D); the
-                               # stages' rates are those of 64, x sqrt(batch / 64) below it
+                               # stages' rates x sqrt(batch / 64), their steps / that
 validation = "auto"            # 5-fold cross-validation below 50 validation samples or 5 of
                                # a class (each fold a model, predictions pooled), else holdout
-max_trial_seconds = 120        # a candidate that trains longer ends with the value it has
+max_trial_seconds = 240        # a candidate that trains longer is pruned where it is (the
+                               # enqueued published models are exempt)
 
 [export]                       # `hpcnas export` retrains the chosen architecture with this,
 steps = 2000                   # on train + validation (Adam, cosine); the batch follows the

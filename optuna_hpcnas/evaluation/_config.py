@@ -51,11 +51,13 @@ def resolve_batch_size(batch_size: int | str, samples: int) -> int:
 def lr_scale(batch_size: int | str, resolved: int) -> float:
     """The factor an ``"auto"`` batch scales learning rates by: ``sqrt(resolved / 64)``.
 
-    Learning rates of a recipe whose batch follows the data are stated for batches of 64
-    (the top of ``AUTO_BATCH_RANGE``, what large data sets get) and scaled with the square
-    root of the batch, the rule for Adam (Malladi et al. 2022, "On the SDEs and scaling rules
-    for adaptive gradient algorithms"): 4e-3 at 64 is 1e-3 at 4. A batch size given as a
-    number keeps its learning rates as written.
+    Learning rates and step budgets of a recipe whose batch follows the data are stated for
+    batches of 64 (the top of ``AUTO_BATCH_RANGE``, what large data sets get). Rates are
+    scaled with the square root of the batch, the rule for Adam (Malladi et al. 2022, "On
+    the SDEs and scaling rules for adaptive gradient algorithms"): 4e-3 at 64 is 1e-3 at 4;
+    and budgets by the inverse, so that a smaller rate travels the same distance (2,000
+    steps at 64 are 8,000 at 4, cheap steps on a small set). A batch size given as a number
+    keeps its rates and budgets as written.
 
     Example:
         >>> lr_scale("auto", 64), lr_scale("auto", 4), lr_scale(32, 32)
@@ -121,8 +123,12 @@ class ObjectiveConfig:
             end of its last stage, or where early stopping or the time cap ended it), never
             the best on the way; accuracy ties are broken by the log-loss.
         folds: Folds of cross-validation.
-        max_trial_seconds: Wall-clock seconds one candidate may train; it then ends with the
-            value it has (``None``: no cap).
+        max_trial_seconds: Wall-clock seconds one candidate may train; past them it is
+            pruned where it is (``None``: no cap). Published models enqueued by name
+            (``reference_model``) are exempt.
+        precise_batch_norm: Recompute BatchNorm's statistics on up to 512 training samples
+            of the fold before every validation (trained on batches of 4, the running
+            averages are noise).
     """
 
     objectives: tuple[str, ...] = ("accuracy",)
@@ -146,6 +152,7 @@ class ObjectiveConfig:
     validation: str = AUTO
     folds: int = 5
     max_trial_seconds: float | None = None
+    precise_batch_norm: bool = True
 
     def __post_init__(self) -> None:
         objectives = (
@@ -194,6 +201,10 @@ class ObjectiveConfig:
         check_choice("validation", self.validation, VALIDATIONS)
         check_int("folds", self.folds, 2, maximum=20)
         check_number("max_trial_seconds", self.max_trial_seconds, allow_none=True)
+        if not isinstance(self.precise_batch_norm, bool):
+            raise TypeError(
+                f"`precise_batch_norm` must be a bool, but got {self.precise_batch_norm!r}."
+            )
         check_number("momentum", self.momentum, positive=False)
         if not 0 <= self.momentum < 1:
             raise ValueError(f"`momentum` is {self.momentum!r}, but must be in [0, 1).")
@@ -221,7 +232,8 @@ class ScratchTrainingConfig:
     train 40 series and 40,000).
 
     Args:
-        steps: Optimisation steps.
+        steps: Optimisation steps (with ``batch_size = "auto"``, steps of a batch of 64:
+            divided by ``lr_scale`` for a smaller batch).
         lr: Adam's learning rate at the start of the cosine (with ``batch_size = "auto"``,
             the rate of a batch of 64, scaled by ``lr_scale``).
         batch_size: Samples per step, or ``"auto"`` (``resolve_batch_size``).

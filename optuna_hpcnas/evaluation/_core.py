@@ -49,6 +49,7 @@ import torch
 from torch import nn
 
 from optuna_hpcnas import _keys
+from optuna_hpcnas.data import iterate_batches
 from optuna_hpcnas.data import stream_batches
 from optuna_hpcnas.data import TaskData
 from optuna_hpcnas.evaluation._config import LIMITS
@@ -67,6 +68,7 @@ from optuna_hpcnas.pruners import StagedPruner
 from optuna_hpcnas.pruners import StagePlan
 from optuna_hpcnas.search_space import Architecture
 from optuna_hpcnas.supernet import cosine_lr
+from optuna_hpcnas.supernet import recalibrate_batch_norm
 from optuna_hpcnas.supernet import SupernetTrainer
 from optuna_hpcnas.supernet import train_step
 
@@ -75,6 +77,9 @@ if TYPE_CHECKING:
 
 _logger = logging.getLogger(__name__)
 T = TypeVar("T")
+# Training samples (and the batch) BatchNorm's statistics are recomputed on before a validation.
+PRECISE_BN_SAMPLES = 512
+PRECISE_BN_BATCH = 256
 
 
 class Decision(str, Enum):
@@ -96,8 +101,9 @@ class TrialPlan:
         report: Report every round (single-objective studies; Optuna prunes only those).
         maximize: Direction of the reported value.
         protected: A published model enqueued by name (``reference_model``): it goes
-            through every stage whatever the pruner says (its stage values still count for
-            the others), so its final value can be compared with the search's pick.
+            through every stage whatever the pruner, the patience or the time cap say (its
+            stage values still count for the others), so its final value can be compared
+            with the search's pick.
     """
 
     stages: StagePlan
@@ -182,6 +188,11 @@ class TrialLink(Protocol):
     @property
     def is_leader(self) -> bool: ...
 
+    @property
+    def solo(self) -> bool:
+        """Whether the trial's group is this one rank (it may stop between any two steps)."""
+        ...
+
     def record(self, attrs: Mapping[str, Any]) -> None:
         """User attributes of the trial (leader)."""
         ...
@@ -216,6 +227,10 @@ class OptunaTrialLink:
 
     @property
     def is_leader(self) -> bool:
+        return True
+
+    @property
+    def solo(self) -> bool:
         return True
 
     def record(self, attrs: Mapping[str, Any]) -> None:
@@ -366,6 +381,14 @@ class _CandidateFault(Exception):
     """A fault of the candidate (non-finite loss), carried to the next collective."""
 
 
+class _TimeCapped(Exception):
+    """A one-rank trial ran past ``max_trial_seconds`` in the middle of a round."""
+
+    def __init__(self, step: int) -> None:
+        super().__init__(step)
+        self.step = step
+
+
 @dataclass(frozen=True)
 class _Prepared:
     """The leader's candidate before fine-tuning."""
@@ -409,6 +432,10 @@ class TrialEvaluator:
             split, or cross-validation folds on small data).
         batch_size: The fine-tuning batch size (``config.batch_size`` resolved for the
             smallest training set of ``folds``).
+        lr_scale: What the stages' learning rates are multiplied by (``lr_scale``: 1 unless
+            the batch is ``"auto"``). The plan's steps are then steps of a batch of 64 too: a
+            candidate trains ``1 / lr_scale`` optimisation steps per step of the plan (the
+            same distance at the smaller rate), and reports by the plan's steps.
     """
 
     def __init__(
@@ -429,10 +456,12 @@ class TrialEvaluator:
         self.batch_size = resolve_batch_size(config.batch_size, self.folds.smallest_training_set)
         self.lr_scale = lr_scale(config.batch_size, self.batch_size)
         _logger.info(
-            "%s; batch size %d, stage learning rates x %.3g",
+            "%s; batch size %d: stage learning rates x %.3g, %.3g optimisation steps per step "
+            "of the plan",
             self.folds.describe(),
             self.batch_size,
             self.lr_scale,
+            1.0 / self.lr_scale,
         )
         if self.folds.too_few_to_rank:
             _logger.warning(
@@ -659,18 +688,22 @@ class TrialEvaluator:
         ]
         metrics = dict(costs)
         stage_name = None
-        started, done = time.perf_counter(), 0
+        cap = None if plan.protected else self.config.max_trial_seconds
+        deadline = None if cap is None else time.perf_counter() + cap
+        done = 0
         try:
             for step in plan.rounds:
                 stage = plan.stages.stages[plan.stages.stage_index(step)]
                 if stage.name != stage_name:
                     stage_name = stage.name
                     link.record({_keys.OBJECTIVE_STAGE: stage.name})
-                result = self._guard(
-                    functools.partial(
-                        self._round, sessions, models, streams, done, step, link, on_step
-                    )
+                work = functools.partial(
+                    self._round, sessions, models, streams, done, step, link, on_step
                 )
+                try:
+                    result = self._guard(functools.partial(work, deadline if link.solo else None))
+                except _TimeCapped as capped:
+                    return self._time_capped(link, capped.step, plan.total_steps)
                 done = step
                 fault = result if isinstance(result, str) else None
                 value = None
@@ -687,11 +720,11 @@ class TrialEvaluator:
                     return Outcome(
                         "pruned", reason=f"pruned at step {step} (stage {stage.name!r})"
                     )
-                if decision == Decision.STOP:
+                if decision == Decision.STOP and not plan.protected:
                     link.record({_keys.OBJECTIVE_EARLY_STOPPED: step})
                     break
-                if self._over_time(link, started, step, plan.total_steps):
-                    break
+                if self._over_time(link, deadline, step, plan.total_steps):
+                    return self._time_capped(link, step, plan.total_steps)
         finally:
             for session in sessions:
                 if session is not None:
@@ -715,25 +748,22 @@ class TrialEvaluator:
         local = LocalEngine()
         return models, [local.open(m, arch, self.fine_tuning) for m in models]
 
-    def _over_time(self, link: TrialLink, started: float, step: int, total: int) -> bool:
-        """Whether the trial has trained past ``max_trial_seconds`` (the leader's clock,
-        shared: every rank stops at the same round)."""
+    def _over_time(self, link: TrialLink, deadline: float | None, step: int, total: int) -> bool:
+        """Whether the trial has trained past its deadline (the leader's clock, shared:
+        every rank of a group stops at the same round)."""
+        if deadline is None or step >= total:
+            return False
+        return bool(link.share(link.is_leader and time.perf_counter() > deadline))
+
+    def _time_capped(self, link: TrialLink, step: int, total: int) -> Outcome:
+        """A trial stopped by ``max_trial_seconds``: pruned, as a trial that did not reach the
+        end of its plan (its value would not compare with the others')."""
         cap = self.config.max_trial_seconds
-        if cap is None or step >= total:
-            return False
-        over = link.is_leader and time.perf_counter() - started > cap
-        if not link.share(over):
-            return False
+        reason = f"time cap of {cap:.0f} s reached at step {step} of {total}"
         link.record({_keys.OBJECTIVE_TIME_CAPPED: step})
         if link.is_leader:
-            _logger.info(
-                "Trial %d reached the time cap (%.0f s) at step %d of %d.",
-                link.number,
-                cap,
-                step,
-                total,
-            )
-        return True
+            _logger.info("Trial %d: %s.", link.number, reason)
+        return Outcome("pruned", reason=reason)
 
     def _complete(
         self, link: TrialLink, values: tuple[float, ...], metrics: dict[str, float]
@@ -758,16 +788,21 @@ class TrialEvaluator:
         until: int,
         link: TrialLink,
         on_step: Callable[[], None] | None,
+        deadline: float | None,
     ) -> dict[str, float]:
         """Steps ``done + 1 .. until`` of every fold's model, then the leader's validation
-        metrics (pooled over the folds)."""
+        metrics (pooled over the folds). Past ``deadline`` (a one-rank trial only), raise
+        ``_TimeCapped``."""
         stages = link.plan.stages
-        for step in range(done + 1, until + 1):
+        scale = 1.0 / self.lr_scale  # optimisation steps per step of the plan
+        for taken in range(round(done * scale), round(until * scale)):
+            position = taken / scale  # where in the plan this step is, in the plan's steps
+            step = min(int(position) + 1, until)
             index = stages.stage_index(step)
             stage = stages.stages[index]
             lr = stage.lr * self.lr_scale
             if self.config.stage_schedule == "cosine":
-                lr = cosine_lr(lr, step - 1 - stages.stage_start(index), stage.steps)
+                lr = cosine_lr(lr, position - stages.stage_start(index), stage.steps)
             for session, stream in zip(sessions, streams):
                 x, y = next(stream)  # every rank draws the same batches
                 if session is None:
@@ -777,6 +812,8 @@ class TrialEvaluator:
                     raise _CandidateFault(f"{NON_FINITE} at step {step} (stage {stage.name!r})")
             if on_step is not None:
                 on_step()
+            if deadline is not None and time.perf_counter() > deadline:
+                raise _TimeCapped(step)
         for session in sessions:
             if session is not None:
                 session.synchronise()
@@ -788,13 +825,30 @@ class TrialEvaluator:
         return metrics
 
     def _validate(self, models: list[nn.Module]) -> dict[str, float]:
-        """Accuracy and mean log-loss of each fold's model on its fold, pooled."""
+        """Accuracy and mean log-loss of each fold's model on its fold, pooled; BatchNorm
+        statistics first recomputed on the fold's training samples (``_precise_batch_norm``)."""
         correct = loss = 0.0
         n = 0
-        for model, (_, valid) in zip(models, self.folds.splits):
+        for model, (train, valid) in zip(models, self.folds.splits):
+            self._precise_batch_norm(model, train)
             size = len(valid)  # type: ignore[arg-type]
             accuracy, mean_loss = evaluate(model, valid)
             correct += accuracy * size
             loss += mean_loss * size
             n += size
         return {"accuracy": correct / max(n, 1), "loss": loss / max(n, 1)}
+
+    def _precise_batch_norm(self, model: nn.Module, train: Any) -> None:
+        """BatchNorm's running statistics recomputed on up to ``PRECISE_BN_SAMPLES`` training
+        samples in large batches: trained on batches of 4, the momentum averages are noise,
+        and the validation would score the noise (Wu & Johnson 2021, "Rethinking 'Batch' in
+        BatchNorm": precise BN). Training is unchanged: it normalises with batch
+        statistics."""
+        if not self.config.precise_batch_norm:
+            return
+        generator = torch.Generator().manual_seed(self.seed)
+        batches = iterate_batches(train, PRECISE_BN_BATCH, shuffle=True, generator=generator)
+        limit = max(1, PRECISE_BN_SAMPLES // PRECISE_BN_BATCH)
+        device = self.trainer.device
+        chosen = ((x.to(device), y) for _, (x, y) in zip(range(limit), batches))
+        recalibrate_batch_norm(model, chosen)

@@ -146,7 +146,7 @@ def train_model(
         "params": count_parameters(model),
         "latency_s": latency,
         "train_seconds": train_seconds,
-        "steps": config.steps,
+        "steps": round(config.steps / lr_scale(config.batch_size, batch_size)),
         "batch_size": batch_size,
         "trained_on": len(train),  # type: ignore[arg-type]
     }
@@ -169,15 +169,17 @@ def _fit(
         raise ValueError("`precision` is 'fp16', which needs a GPU; use 'bf16' on a CPU.")
     scaler = torch.amp.GradScaler("cuda") if precision == Precision.FP16 else None
     model.train()
-    lr = config.lr * lr_scale(config.batch_size, batch_size)
+    scale = lr_scale(config.batch_size, batch_size)
+    lr = config.lr * scale
     optimizer = torch_optimizer(
         "adam", model.parameters(), lr=lr, momentum=0.0, weight_decay=config.weight_decay
     )
-    total = max(config.steps, 1)
+    steps = round(config.steps / scale)
+    total = max(steps, 1)
     batches = stream_batches(train, batch_size, generator=generator)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(config.seed)  # dropout and the like draw from it
-        for step, (x, y) in zip(range(config.steps), batches):
+        for step, (x, y) in zip(range(steps), batches):
             for group in optimizer.param_groups:
                 group["lr"] = cosine_lr(lr, step, total)
             result = train_step(
@@ -186,8 +188,7 @@ def _fit(
             )  # fmt: skip
             if not result.finite:
                 raise NonFiniteLossError(
-                    f"{NON_FINITE} at step {step + 1} of {config.steps}: lower `lr` or set "
-                    "`grad_clip`"
+                    f"{NON_FINITE} at step {step + 1} of {steps}: lower `lr` or set `grad_clip`"
                 )
             if on_step is not None:
                 on_step(step + 1, result.loss)

@@ -64,6 +64,10 @@ class LeaderLink:
     def is_leader(self) -> bool:
         return True
 
+    @property
+    def solo(self) -> bool:
+        return self._comm.Get_size() == 1
+
     def record(self, attrs: Mapping[str, Any]) -> None:
         # Kept until the trial is told (``take_records``): written once, with the tell,
         # instead of once per key and round; nobody reads them before the result.
@@ -132,6 +136,10 @@ class FollowerLink:
 
     @property
     def is_leader(self) -> bool:
+        return False
+
+    @property
+    def solo(self) -> bool:
         return False
 
     def record(self, attrs: Mapping[str, Any]) -> None:

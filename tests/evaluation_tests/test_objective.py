@@ -249,14 +249,18 @@ def test_accuracy_ties_rank_by_log_loss_and_never_above_a_better_accuracy() -> N
     assert core._scalar({"accuracy": 0.8 + 1 / n, "loss": 50.0}) > sure
 
 
-def test_a_time_cap_ends_the_trial_with_the_value_it_has() -> None:
+def test_a_time_cap_prunes_the_trial_where_it_is() -> None:
+    """A trial past ``max_trial_seconds`` did not reach the end of its plan: it is pruned
+    (its value would not compare with those that did), at the step it reached."""
     objective = _objective_for(_task(), last_stage="full", max_trial_seconds=1e-9)
     study = optuna.create_study(direction="maximize")
-    study.optimize(objective, n_trials=1)
-    (trial,) = study.trials
-    assert trial.state == optuna.trial.TrialState.COMPLETE
-    assert trial.user_attrs["time_capped"] == 1 == trial.user_attrs["steps"]
-    assert trial.value == trial.intermediate_values[1]
+    study.enqueue_trial({}, user_attrs={_keys.OBJECTIVE_REFERENCE: "fcn"})  # exempt
+    study.optimize(objective, n_trials=2)
+    reference, capped = study.trials
+    assert reference.state == optuna.trial.TrialState.COMPLETE
+    assert reference.user_attrs["steps"] == 6 and "time_capped" not in reference.user_attrs
+    assert capped.state == optuna.trial.TrialState.PRUNED
+    assert capped.user_attrs["time_capped"] == 1 and not capped.intermediate_values
 
 
 def test_stage_schedule_is_validated() -> None:
