@@ -31,6 +31,7 @@ def curve(name: str, seed: int, steps: int, fixed_lr: float | None) -> dict[str,
     from optuna_hpcnas.config import tomllib
     from optuna_hpcnas.data import joined
     from optuna_hpcnas.evaluation import evaluate
+    from optuna_hpcnas.evaluation import lr_scale
     from optuna_hpcnas.evaluation import resolve_batch_size
     from optuna_hpcnas.evaluation import ScratchTrainingConfig
     from optuna_hpcnas.evaluation import train_model
@@ -46,7 +47,7 @@ def curve(name: str, seed: int, steps: int, fixed_lr: float | None) -> dict[str,
     net = SuperNet(space, input_shape=data.input_shape, num_classes=data.num_classes, seed=seed)
     model = net.subnet(arch)
     export = tomllib.loads(starter("signal-1d"))["export"]
-    if fixed_lr is not None:  # the same batch, the rate not scaled with it
+    if fixed_lr is not None:  # the same batch, the rate and steps not scaled with it
         samples = len(joined(data.train, data.valid))  # type: ignore[arg-type]
         export.update(lr=fixed_lr, batch_size=resolve_batch_size("auto", samples))
     recipe = ScratchTrainingConfig(
@@ -54,7 +55,10 @@ def curve(name: str, seed: int, steps: int, fixed_lr: float | None) -> dict[str,
     )
     losses: list[float] = []
     tests: dict[int, float] = {}
-    tenth = max(1, steps // 10)
+    samples = len(joined(data.train, data.valid))  # type: ignore[arg-type]
+    batch = resolve_batch_size(recipe.batch_size, samples)
+    taken = round(recipe.steps / lr_scale(recipe.batch_size, batch))  # what train_model takes
+    tenth = max(1, taken // 10)
 
     def on_step(step: int, loss: float) -> None:
         losses.append(loss)
@@ -70,8 +74,9 @@ def curve(name: str, seed: int, steps: int, fixed_lr: float | None) -> dict[str,
         "batch": result["batch_size"],
         "seconds": time.perf_counter() - started,
         "test": result["test_accuracy"],
-        "loss": [float(np.mean(losses[i : i + tenth])) for i in range(0, steps, tenth)],
-        "tests": [tests[s] for s in sorted(tests)],
+        "steps": result["steps"],
+        "loss": [float(np.mean(losses[i : i + tenth])) for i in range(0, 10 * tenth, tenth)],
+        "tests": [tests[s] for s in sorted(tests)][:10],
     }
 
 
@@ -117,12 +122,12 @@ def main() -> None:
     rows = [
         curve(name, seed, args.steps, args.fixed_lr) for name in args.sets for seed in args.seeds
     ]
-    print("| set | seed | batch | seconds | test accuracy by tenth of the steps | final |")
-    print("|---|---|---|---|---|---|")
+    print("| set | seed | batch | steps | seconds | test accuracy by tenth of the steps | final |")
+    print("|---|---|---|---|---|---|---|")
     for r in rows:
         tests = " ".join(f"{t:.3f}" for t in r["tests"])
-        print(f"| {r['set']} | {r['seed']} | {r['batch']} | {r['seconds']:.0f} | {tests} | "
-              f"{r['test']:.4f} |")  # fmt: skip
+        print(f"| {r['set']} | {r['seed']} | {r['batch']} | {r['steps']} | {r['seconds']:.0f} | "
+              f"{tests} | {r['test']:.4f} |")  # fmt: skip
     print("\nmean training loss by tenth (the last three should be flat):")
     for r in rows:
         print(f"  {r['set']:<17} seed {r['seed']}: " + " ".join(f"{v:.4f}" for v in r["loss"]))
