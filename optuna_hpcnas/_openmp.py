@@ -2,9 +2,9 @@
 
 GNU OpenMP (torch's CPU wheels) reads ``OMP_WAIT_POLICY`` once, when the library loads; its
 default spins for a while before sleeping, which takes a busy core from whatever else runs
-there (issue 22: ``hpcnas run``'s first warm-up epoch 3.4 s alone and 59.1 s beside one
-CPU-bound process). The processes the project starts call ``passive_openmp`` first; this
-module imports nothing, so calling it cannot load torch itself.
+there and slows both. The processes the project starts call ``passive_openmp`` first, and so
+does ``import optuna_hpcnas``; this module imports nothing, so calling it cannot load torch
+itself.
 """
 
 from __future__ import annotations

@@ -60,10 +60,18 @@ def _load_config(
         raise CLIError(str(e)) from None
 
 
+DEFAULT_CONFIG = "nas.toml"
+
+
 def _given_config(args: argparse.Namespace) -> RunConfig | None:
-    """The ``--config`` file of a reading command, parsed once (``None`` without one)."""
+    """The ``--config`` file of a reading command, parsed once; without ``--config`` and
+    ``--storage``, ``./nas.toml`` when there is one (as ``hpcnas init`` writes it), else
+    ``None``."""
     if not getattr(args, "config", None):
-        return None
+        if getattr(args, "storage", None) or not Path(DEFAULT_CONFIG).is_file():
+            return None
+        args.config = DEFAULT_CONFIG
+        _logger.info("reading %s (no --config or --storage given)", DEFAULT_CONFIG)
     if getattr(args, "parsed_config", None) is None:
         args.parsed_config = _load_config(args.config)
     return args.parsed_config
@@ -140,6 +148,13 @@ def _cmd_status(args: argparse.Namespace) -> int:
     if info["progress"] is not None:
         print(f"progress     {finished}/{info['target_trials']} ({100 * info['progress']:.0f}%)")
     print(f"trials       {info['trials']}  {states}")
+    waiting = info["by_state"]["WAITING"]
+    if waiting:
+        # parameterless placeholders of the budget (or retries), not failures
+        print(
+            f"queued       {waiting} WAITING trials, the budget's rest: `hpcnas resume` runs "
+            "them (Optuna and the dashboard list them as WAITING)"
+        )
     if "elapsed_seconds" in info:
         print(
             f"time         {info['first_start']} -> {info['last_finish'] or 'running'}  "
@@ -683,6 +698,9 @@ def _cmd_run(args: argparse.Namespace, *, resume: bool) -> int:
     info = done.status or {}
     states = ", ".join(f"{v} {k.lower()}" for k, v in info.get("by_state", {}).items() if v)
     print(f"study {name!r}: {states}")
+    waiting = info.get("by_state", {}).get("WAITING", 0)
+    if waiting:
+        print(f"{waiting} waiting trials are the budget's rest: `hpcnas resume` runs them")
     if "best" in info:
         b = info["best"]
         print(f"best: trial {b['trial']} {b['values'][0]:.6g}  {b['architecture']}")
@@ -707,7 +725,11 @@ def _load_data(config: Any) -> Any:
 def _add_study_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--storage", help=f"storage URL (default: ${STORAGE_ENV})")
     p.add_argument("--study-name", help="study name (default: the only study in the storage)")
-    p.add_argument("--config", help="a nas.toml whose [study] gives storage and name")
+    p.add_argument(
+        "--config",
+        help="a nas.toml whose [study] gives storage and name (default: ./nas.toml when "
+        "there is one and no --storage is given)",
+    )
 
 
 def _add_init_args(p: argparse.ArgumentParser) -> None:

@@ -195,9 +195,13 @@ class PreemptionGuard:
         checkpoint: Callable[[], object] | None = None,
         requeue: Callable[[optuna.Trial, str], object] | None = None,
         peers: Peers | None = None,
+        signals: Sequence[str | int] = ("SIGTERM", "SIGUSR1"),
     ) -> PreemptionGuard:
+        """The guard of ``[checkpoints]`` (its deadline and retries); arguments as the
+        constructor's."""
         return cls(
             checkpoint=checkpoint,
+            signals=signals,
             deadline=config.exit_deadline,
             max_retry=config.max_retry,
             requeue=requeue,

@@ -12,11 +12,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 import logging
 from typing import Any
+from typing import Literal
 
 import optuna
 import torch
 
 from optuna_hpcnas._records import record_architecture
+from optuna_hpcnas._threads import configure_threads
+from optuna_hpcnas._validation import check_int
 from optuna_hpcnas.data import TaskData
 from optuna_hpcnas.evaluation._config import ObjectiveConfig
 from optuna_hpcnas.evaluation._core import Engine
@@ -59,6 +62,9 @@ class SupernetObjective:
         seed: Seed of the new supernet's weights and of each trial's random streams
             (``(seed, trial.number)``).
         engine: Who fine-tunes candidates (plain PyTorch in this process by default).
+        threads: torch's intra-op threads in this process, as ``hpcnas run`` sets them:
+            ``"auto"`` its share of the usable CPUs (``OMP_NUM_THREADS`` when set; logged),
+            a number, or ``None`` to leave torch's setting alone (a caller that set it).
 
     Example:
         >>> import optuna
@@ -89,7 +95,10 @@ class SupernetObjective:
         device: torch.device | str = "cpu",
         seed: int = 0,
         engine: Engine | None = None,
+        threads: int | Literal["auto"] | None = "auto",
     ) -> None:
+        if threads is not None and threads != "auto":
+            check_int("threads", threads, 1)
         if not isinstance(space, HierarchicalSearchSpace):
             raise TypeError(f"`space` must be a HierarchicalSearchSpace, but got {space!r}.")
         if not isinstance(data, TaskData):
@@ -101,6 +110,10 @@ class SupernetObjective:
             )
         check_input_shape(space.domain, data.input_shape)
         data.check()
+        if threads is not None:
+            configure_threads(
+                requested=None if threads == "auto" else int(threads), ranks_on_node=1
+            )
         if supernet is None:
             fit = fit_to_input(space, data.input_shape)
             for note in fit.notes:

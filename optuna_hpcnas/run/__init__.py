@@ -12,6 +12,8 @@ storage call of a leader through one ``StudyCalls``) and the checkpoints around 
 from __future__ import annotations
 
 from optuna_hpcnas._records import utilisation_from_study
+from optuna_hpcnas._threads import configure_threads
+from optuna_hpcnas._threads import thread_share
 from optuna_hpcnas.run._launch import launch
 from optuna_hpcnas.run._launch import Launched
 from optuna_hpcnas.run._launch import LaunchError
@@ -21,8 +23,6 @@ from optuna_hpcnas.run._processes import relaunch_command
 from optuna_hpcnas.run._processes import run_relaunched
 from optuna_hpcnas.run._search import build_objective
 from optuna_hpcnas.run._search import run_search
-from optuna_hpcnas.run._threads import configure_threads
-from optuna_hpcnas.run._threads import thread_share
 
 __all__ = [
     "LaunchError",

@@ -21,10 +21,10 @@ import sys
 import threading
 from typing import TYPE_CHECKING
 
+from optuna_hpcnas._threads import available_cores
 from optuna_hpcnas.distributed._groups import find_mpirun
 from optuna_hpcnas.distributed._groups import launched_rank_and_size
 from optuna_hpcnas.run._launch import LaunchError
-from optuna_hpcnas.run._threads import available_cores
 
 if TYPE_CHECKING:
     from optuna_hpcnas.config import RunConfig

@@ -18,6 +18,7 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
+from optuna_hpcnas._threads import configure_threads
 from optuna_hpcnas.distributed import form_groups
 from optuna_hpcnas.distributed import GroupChannel
 from optuna_hpcnas.distributed import UtilisationTracker
@@ -29,7 +30,6 @@ from optuna_hpcnas.run._loop import LoopHooks
 from optuna_hpcnas.run._queue import LeaderQueue
 from optuna_hpcnas.run._setup import agreed
 from optuna_hpcnas.run._study import open_study
-from optuna_hpcnas.run._threads import configure_threads
 from optuna_hpcnas.storages import quiet_disconnect_warnings
 
 if TYPE_CHECKING:
@@ -80,6 +80,7 @@ def build_objective(
         config=config.objective,
         device=device,
         seed=config.training.supernet.seed,
+        threads=None,  # each rank set its share of the node (run_search)
     )
 
 
@@ -296,8 +297,9 @@ def _guard(
     calls: StudyCalls | None,
     checkpoints: SupernetCheckpoints | None,
 ) -> PreemptionGuard:
-    """SIGTERM/SIGUSR1: checkpoint, fail the leader's running trial and queue its retry; on
-    several ranks, a signal one rank got stops every group (collective: every rank)."""
+    """SIGINT (Ctrl-C), SIGTERM, SIGUSR1: checkpoint, fail the leader's running trial and
+    queue its retry; on several ranks, a signal one rank got stops every group (collective:
+    every rank)."""
     from optuna_hpcnas.checkpoints import PreemptionGuard
 
     peers = None
@@ -308,7 +310,11 @@ def _guard(
     save = checkpoints.save if checkpoints is not None else None
     requeue = calls.requeue if calls is not None else None
     return PreemptionGuard.from_config(
-        config.checkpoints, checkpoint=save, requeue=requeue, peers=peers
+        config.checkpoints,
+        checkpoint=save,
+        requeue=requeue,
+        peers=peers,
+        signals=("SIGINT", "SIGTERM", "SIGUSR1"),
     )
 
 

@@ -195,22 +195,25 @@ def test_killed_run_resumes_with_the_same_command(
 
 
 @pytest.mark.slow
-def test_sigusr1_checkpoints_and_queues_the_running_trial(tmp_path: Path) -> None:
+@pytest.mark.parametrize("signum", [signal.SIGUSR1, signal.SIGINT])  # SIGINT: Ctrl-C
+def test_a_signal_checkpoints_and_queues_the_running_trial(
+    tmp_path: Path, signum: signal.Signals
+) -> None:
     config, url = _setup(tmp_path)
     db, log = tmp_path / "nas.db", tmp_path / "run.log"
     proc = _start(config, log)
     running_id = _wait_mid_trial(proc, db, completed=0)
-    proc.send_signal(signal.SIGUSR1)
-    assert proc.wait(timeout=30) == 128 + signal.SIGUSR1, log.read_text()
+    proc.send_signal(signum)
+    assert proc.wait(timeout=30) == 128 + signum, log.read_text()
 
     text = log.read_text()
-    assert "Received SIGUSR1" in text
-    assert re.search(r"Received SIGUSR1.*\n(.*\n)*.*Saved supernet checkpoint", text), text
+    assert f"Received {signum.name}" in text
+    assert re.search(rf"Received {signum.name}.*\n(.*\n)*.*Saved supernet checkpoint", text), text
     study = optuna.load_study(study_name="resume", storage=url)
     trials = study.get_trials()
     stopped = next(t for t in trials if t._trial_id == running_id)
     assert stopped.state == TrialState.FAIL
-    assert stopped.system_attrs[_keys.CHECKPOINT_PREEMPTED] == "SIGUSR1"
+    assert stopped.system_attrs[_keys.CHECKPOINT_PREEMPTED] == signum.name
     retry = [t for t in trials if t.system_attrs.get("failed_trial") == stopped.number]
     assert len(retry) == 1 and retry[0].state == TrialState.WAITING
     assert retry[0].params == stopped.params

@@ -103,6 +103,13 @@ def test_study_from_environment_and_config(
     config.write_text(f'[study]\nname = "one"\nstorage = "{sqlite_url}"\nn_trials = 2\n')
     code, out, _ = _run(capsys, "status", "--config", str(config), "--json")
     assert json.loads(out)["study"] == "one"
+    monkeypatch.chdir(tmp_path)  # ./nas.toml, as `hpcnas init` writes it, when no flag is given
+    code, out, _ = _run(capsys, "status", "--json")
+    assert code == 0 and json.loads(out)["study"] == "one"
+    code, out, _ = _run(capsys, "best", "--json")
+    assert code == 0 and len(json.loads(out)) >= 1
+    code, out, _ = _run(capsys, "status", "--storage", sqlite_url, "--study-name", "two")
+    assert code == 0 and "study        two" in out  # a flag still wins over ./nas.toml
 
 
 def test_errors_are_short_and_mask_passwords(
@@ -296,6 +303,7 @@ def test_status_progress_counts_the_enqueued_budget(
     code, out, _ = _run(capsys, "status", "--storage", sqlite_url)
     assert code == 0
     assert "progress     2/5 (40%)" in out and "WAITING 3" in out
+    assert "queued       3 WAITING trials, the budget's rest: `hpcnas resume` runs them" in out
 
 
 def test_one_version_for_the_command_the_package_and_its_metadata(

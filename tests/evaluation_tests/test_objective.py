@@ -297,3 +297,21 @@ def test_small_data_is_cross_validated_and_said_so(caplog: pytest.LogCaptureFixt
     assert core.warm_up() == []  # no warm-up: the shared weights would see every fold
     roomy = _objective_for(_task(60)).core
     assert roomy.folds.kind == "holdout" and roomy.folds.validation_size == 60
+
+
+def test_the_objective_sets_its_share_of_the_cores(monkeypatch: pytest.MonkeyPatch) -> None:
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        monkeypatch.setenv("OMP_NUM_THREADS", "1")  # "auto": the environment's figure wins
+        SupernetObjective(SPACE, _task())
+        assert torch.get_num_threads() == 1
+        torch.set_num_threads(2)
+        SupernetObjective(SPACE, _task(), threads=None)  # a caller that set it itself
+        assert torch.get_num_threads() == 2
+        SupernetObjective(SPACE, _task(), threads=1)
+        assert torch.get_num_threads() == 1
+        with pytest.raises(ValueError, match="threads"):
+            SupernetObjective(SPACE, _task(), threads=0)
+    finally:
+        torch.set_num_threads(before)

@@ -177,7 +177,7 @@ def test_cost_aware_scheduler_runs_the_costliest_waiting_candidate_first(tmp_pat
 def test_thread_share_prefers_config_then_omp_then_cores() -> None:
     assert thread_share(requested=3, ranks_on_node=4, environ={"OMP_NUM_THREADS": "2"})[0] == 3
     assert thread_share(requested=None, ranks_on_node=4, environ={"OMP_NUM_THREADS": "2"})[0] == 2
-    from optuna_hpcnas.run._threads import available_cores
+    from optuna_hpcnas._threads import available_cores
 
     share, source = thread_share(requested=None, ranks_on_node=2, environ={})
     assert share == max(1, available_cores() // 2) and "rank(s) on this node" in source

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from optuna_hpcnas.run._threads import available_cores
-from optuna_hpcnas.run._threads import cgroup_cpu_limit
-from optuna_hpcnas.run._threads import passive_openmp  # re-exported
+from optuna_hpcnas._threads import available_cores
+from optuna_hpcnas._threads import cgroup_cpu_limit
+from optuna_hpcnas._threads import passive_openmp  # re-exported
 
 
 def _write(path: Path, text: str) -> None:
@@ -80,3 +80,20 @@ def test_hpcnas_sets_passive_waiting_before_torch_loads() -> None:
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
     )
     assert out.stdout.strip().splitlines()[-1] == "passive False"
+
+
+def test_importing_the_package_makes_openmp_wait_passively() -> None:
+    import subprocess
+    import sys
+
+    code = "import os, optuna_hpcnas; print(os.environ['OMP_WAIT_POLICY'])"
+    env = {k: v for k, v in __import__("os").environ.items() if k != "OMP_WAIT_POLICY"}
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == "passive"
+    env["OMP_WAIT_POLICY"] = "active"  # the user's choice stays
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == "active"

@@ -1,14 +1,13 @@
 """Each process's share of the CPUs it may really use, for torch's intra-op threads.
 
 Torch starts as many threads as the machine has cores in every process; with several ranks
-on a node, or another job on the same cores, they fight over them (measured on 2 loaded
-cores: ``hpcnas run`` 277 s with torch's default against 30 s with one thread per process).
-The CPUs a process may use are its affinity (``taskset``, Slurm's binding) capped by the CPU
-quota of its cgroup (a container's ``--cpus``, Kubernetes' CPU limit), not the machine's
-count. OpenMP threads that wait spin by default and take the cores from whatever else runs
-there; ``passive_openmp`` (``optuna_hpcnas._openmp``, which imports nothing, so the entry
-points call it before torch loads) makes them sleep instead, so oversubscription degrades
-gracefully.
+on a node, or another job on the same cores, they fight over them (many times slower). The
+CPUs a process may use are its affinity (``taskset``, Slurm's binding) capped by the CPU quota
+of its cgroup (a container's ``--cpus``, Kubernetes' CPU limit), not the machine's count.
+OpenMP threads that wait spin by default and take the cores from whatever else runs there;
+``passive_openmp`` (``optuna_hpcnas._openmp``, which imports nothing, so the entry points call
+it before torch loads) makes them sleep instead, so oversubscription degrades gracefully. The
+command line, every rank of a run and ``SupernetObjective`` set their share here.
 """
 
 from __future__ import annotations
