@@ -54,6 +54,26 @@ if TYPE_CHECKING:
 _logger = logging.getLogger(__name__)
 
 _MODELS = {"int8": "model.int8.onnx", "fp32": "model.onnx"}
+AUTO = "auto"
+
+
+def measured_choice(report: dict[str, Any]) -> tuple[str, str]:
+    """``(model, why)``: the one of FP32 and INT8 with the lower batch-1 p50 latency that
+    ``report.json`` measured on the deploying machine; INT8 only when its held-out accuracy is
+    within the deployment's margin of FP32's (FP32 when the report lacks the figures)."""
+    try:
+        fp32, int8 = report["fp32"], report["int8"]
+        p50 = {"fp32": float(fp32["latency_p50_ms"]), "int8": float(int8["latency_p50_ms"])}
+        accurate = float(int8["accuracy"]) >= float(fp32["accuracy"]) - float(
+            report.get("margin") or 0.0
+        )
+    except (KeyError, TypeError, ValueError):
+        return "fp32", "report.json holds no latency of both models"
+    figures = f"p50 {p50['fp32']:.3f} ms FP32, {p50['int8']:.3f} ms INT8"
+    if not accurate:
+        return "fp32", f"INT8 is less accurate than FP32 by more than the margin ({figures})"
+    model = "int8" if p50["int8"] < p50["fp32"] else "fp32"
+    return model, f"the faster in report.json ({figures})"
 VERSION = "1"  # the one version of the one model a server holds
 # Bodies up to this size are parsed on the event loop: a thread hop costs more than parsing.
 _INLINE_PARSE_BYTES = 64 * 1024
@@ -221,6 +241,10 @@ class _Server:
         from optuna_hpcnas.evaluation import _onnx
 
         report = load_report(model_dir)
+        if model == AUTO:
+            model, why = measured_choice(report)
+            _logger.info("Serving the %s model: %s.", model.upper(), why)
+        self.model = model
         path = model_dir / _MODELS[model]
         if not path.is_file():
             raise FileNotFoundError(f"No {path.name} in {str(model_dir)!r}.")
@@ -407,7 +431,7 @@ def build_app(
     model_dir: str | Path,
     *,
     name: str = "model",
-    model: str = "int8",
+    model: str = AUTO,
     max_body_bytes: int = DEFAULT_LIMITS.max_body_bytes,
     max_instances: int = DEFAULT_LIMITS.max_instances,
     max_batch: int = DEFAULT_LIMITS.max_batch,
@@ -418,7 +442,8 @@ def build_app(
     Args:
         model_dir: Directory with ``report.json`` and the ONNX files.
         name: Model name in the routes.
-        model: ``"int8"`` (``model.int8.onnx``) or ``"fp32"`` (``model.onnx``).
+        model: ``"int8"`` (``model.int8.onnx``), ``"fp32"`` (``model.onnx``) or ``"auto"``:
+            the faster of the two as ``report.json`` measured them (``measured_choice``).
         max_body_bytes: Larger request bodies get 413, checked before reading them whole.
         max_instances: Larger batches get 413.
         max_batch: Instances per model call (see ``ServeLimits``).
@@ -430,8 +455,10 @@ def build_app(
     from starlette.responses import JSONResponse
     from starlette.routing import Route
 
-    if model not in _MODELS:
-        raise ValueError(f"`model` is {model!r}, but must be one of {sorted(_MODELS)}.")
+    if model not in (*_MODELS, AUTO):
+        raise ValueError(
+            f"`model` is {model!r}, but must be one of {sorted((*_MODELS, AUTO))}."
+        )
     limits = ServeLimits(
         max_body_bytes=max_body_bytes, max_instances=max_instances, max_batch=max_batch
     )
@@ -460,7 +487,7 @@ def serve(
     host: str = "127.0.0.1",
     port: int = 8080,
     name: str = "model",
-    model: str = "int8",
+    model: str = AUTO,
     limits: ServeLimits = DEFAULT_LIMITS,
     threads: int = 1,
     access_log: bool = False,
@@ -474,7 +501,7 @@ def serve(
     )  # fmt: skip
     _logger.info(
         "Serving %s (%s) on http://%s:%d: /v1/models/%s, /v2/models/%s, /metrics",
-        model_dir, model, host, port, name, name,
+        model_dir, app.state.hpcnas.model, host, port, name, name,
     )  # fmt: skip
     uvicorn.run(app, host=host, port=port, log_level="info", access_log=access_log)
 
@@ -497,7 +524,11 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=8080, help="port (8080)")
     parser.add_argument("--name", default="model", help="model name in the routes (model)")
     parser.add_argument(
-        "--model", choices=sorted(_MODELS), default="int8", help="which ONNX file (int8)"
+        "--model",
+        choices=sorted((*_MODELS, AUTO)),
+        default=AUTO,
+        help="which ONNX file (auto: the faster of the two that report.json measured, INT8 "
+        "only within the deployment's accuracy margin)",
     )
     parser.add_argument(
         "--max-body-bytes", type=_positive_int, default=d.max_body_bytes, metavar="N",

@@ -103,9 +103,10 @@ class Server:
 
 @pytest.fixture(scope="module")
 def server(deployed: Any) -> Iterator[Server]:
-    app = build_app(
-        deployed[0], name="digits", max_body_bytes=MAX_BODY, max_instances=MAX_INSTANCES
-    )
+    app = build_app(  # the INT8 file, whose logits `raw_test` holds
+        deployed[0], name="digits", model="int8", max_body_bytes=MAX_BODY,
+        max_instances=MAX_INSTANCES,
+    )  # fmt: skip
     with Server(app) as running:
         yield running
 
@@ -386,7 +387,7 @@ def _calls(running: Server) -> tuple[float, float]:
 def test_a_large_request_runs_in_chunks(deployed: Any, raw_test: Any) -> None:
     """``max_batch`` bounds each model call, so memory does not grow with the request."""
     x, _, logits = raw_test
-    with Server(build_app(deployed[0], name="digits", max_batch=16)) as running:
+    with Server(build_app(deployed[0], name="digits", model="int8", max_batch=16)) as running:
         status, body = running.predict({"instances": x[:37].tolist()})
         assert status == 200
         assert [p["class"] for p in body["predictions"]] == logits[:37].argmax(1).tolist()
@@ -413,7 +414,7 @@ def _blocked(app: Any) -> tuple[threading.Event, threading.Event]:
 
 def test_requests_that_arrive_together_share_a_model_call(deployed: Any, raw_test: Any) -> None:
     x, _, logits = raw_test
-    app = build_app(deployed[0], name="digits")
+    app = build_app(deployed[0], name="digits", model="int8")
     entered, release = _blocked(app)
     with Server(app) as running:
         results: dict[int, Any] = {}
@@ -499,7 +500,7 @@ def test_serve_arguments(capsys: pytest.CaptureFixture[str]) -> None:
         "127.0.0.1",
         8080,
         "model",
-        "int8",
+        "auto",
     )
     assert (args.max_body_bytes, args.max_instances, args.max_batch) == (8 * 2**20, 1024, 64)
     args = parser.parse_args(
@@ -578,3 +579,24 @@ def test_serve_command_reports_a_bad_directory(tmp_path: Path) -> None:
         model_dir=str(tmp_path), host="127.0.0.1", port=1, name="model", model="int8"
     )
     assert serve_command(args) == 2
+
+
+def test_auto_serves_the_faster_model_that_report_json_measured(deployed: Any) -> None:
+    from optuna_hpcnas.deploy._serve import measured_choice
+
+    def report(fp32: float, int8: float, acc8: float = 0.9) -> dict[str, Any]:
+        return {
+            "margin": 0.02,
+            "fp32": {"latency_p50_ms": fp32, "accuracy": 0.9},
+            "int8": {"latency_p50_ms": int8, "accuracy": acc8},
+        }
+
+    assert measured_choice(report(0.2, 0.1))[0] == "int8"
+    assert measured_choice(report(0.1, 0.2))[0] == "fp32"
+    model, why = measured_choice(report(0.2, 0.1, acc8=0.85))  # faster but not accurate
+    assert model == "fp32" and "margin" in why
+    assert measured_choice({"fp32": {}})[0] == "fp32"
+    on_disk = json.loads((Path(deployed[0]) / "report.json").read_text())
+    app = build_app(deployed[0])
+    assert app.state.hpcnas.model == measured_choice(on_disk)[0]
+    assert build_app(deployed[0], model="int8").state.hpcnas.model == "int8"
