@@ -74,6 +74,8 @@ def measured_choice(report: dict[str, Any]) -> tuple[str, str]:
         return "fp32", f"INT8 is less accurate than FP32 by more than the margin ({figures})"
     model = "int8" if p50["int8"] < p50["fp32"] else "fp32"
     return model, f"the faster in report.json ({figures})"
+
+
 VERSION = "1"  # the one version of the one model a server holds
 # Bodies up to this size are parsed on the event loop: a thread hop costs more than parsing.
 _INLINE_PARSE_BYTES = 64 * 1024
@@ -456,9 +458,7 @@ def build_app(
     from starlette.routing import Route
 
     if model not in (*_MODELS, AUTO):
-        raise ValueError(
-            f"`model` is {model!r}, but must be one of {sorted((*_MODELS, AUTO))}."
-        )
+        raise ValueError(f"`model` is {model!r}, but must be one of {sorted((*_MODELS, AUTO))}.")
     limits = ServeLimits(
         max_body_bytes=max_body_bytes, max_instances=max_instances, max_batch=max_batch
     )
