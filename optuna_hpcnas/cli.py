@@ -504,144 +504,25 @@ def _cmd_template(args: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------------------- init
-# One starter per preset: the sections every run config has, with the values measured for it.
-_STARTER_HEAD = """\
-# A neural architecture search, as `hpcnas run --config nas.toml` runs it.
-# Every key is checked: a typo names the key and the allowed values.
-# Docs: README.md (quick start), docs/configuration.md (every table and key).
-"""
-_STARTER_TAIL = """
-[distributed]                  # under mpirun/srun: ranks per evaluation group
-group_size = 1
-{processes}
-[storage]                      # a storage that goes away (restart, fail-over) is waited for
-outage_tolerance_s = 120       # this long; past it the run exits 75: `hpcnas resume` goes on
-"""
-_STARTERS = {
-    "digits-small": """
-[study]
-name = "nas"
-storage = "sqlite:///nas.db"   # or a PostgreSQL/MySQL URL; leave it out to use $OPTUNA_STORAGE
-n_trials = 40                  # and/or timeout = 600 (seconds)
+def starter_presets() -> list[str]:
+    """The presets ``hpcnas init --preset`` writes a starter for (``starters/*.toml``)."""
+    from importlib.resources import files
 
-[space]
-preset = "digits-small"        # digits-small | signal-1d | cifar-like | sequence, or file = ...
-
-[data]
-name = "digits"                # digits | mnist1d | sequence | npz | image_folder | cifar10
-# factory = "mypackage.data:make_task"   # your own function returning optuna_hpcnas.data.TaskData
-
-[sampler]
-name = "evolutionary"          # evolutionary | qubo | tpe | gp | nsga2 | random
-seed = 0
-
-[pruner]
-name = "staged"                # staged (the [stages] below) | median | hyperband | none
-
-[stages]                       # quick -> medium -> full: budgets of optimisation steps
-stages = [                     # (34 steps = one pass over digits' 1,078 training images)
-    { name = "quick", steps = 34, lr = 1e-3, promote = 0.34 },
-    { name = "medium", steps = 100, lr = 1e-2, promote = 0.34 },
-    { name = "full", steps = 270, lr = 1e-2 },
-]
-patience = 100                 # steps without improvement before a candidate stops
-eval_every = 34                # steps between validations (and at every stage's end)
-
-[training]                     # the supernet's warm-up before the search (k paths per batch)
-epochs = 8
-paths_per_batch = 5
-sampling = "fair"
-batch_size = 32
-lr = 0.01
-weight_decay = 0.0
-# threads = 1                  # torch threads per process (default: cores / ranks per node)
-
-[objective]                    # what a trial returns and how a candidate is fine-tuned
-objectives = ["accuracy"]      # or several of accuracy, loss, flops, params, latency
-optimizer = "adam"
-batch_size = 32                # or "auto": a tenth of the training set, 4 to 64
-# validation = "auto"          # cross-validation below 50 validation samples, else holdout
-# max_flops = 2e6              # hard limits become trial.set_constraint(...)
-
-[export]                       # `hpcnas export` retrains the best architecture with this,
-steps = 1000                   # on train + validation
-lr = 0.02
-batch_size = 32
-""",
-    # MNIST-1D (or any (L, F) signal in an npz): the values of bench/mnist1d_end_to_end.py
-    "signal-1d": """
-[study]
-name = "signals"
-storage = "sqlite:///nas.db"   # or a PostgreSQL/MySQL URL; leave it out to use $OPTUNA_STORAGE
-n_trials = 400                 # the timeout ends it first on 2 cores
-timeout = 780                  # seconds of search after the warm-up
-enqueue = ["cnn", "fcn"]       # start from published models: the paper's CNN (94 %) and the
-                               # time-series baseline FCN (Wang et al. 2017); also "gru",
-                               # "mlp", or tables of parameters ({ "node.stem" = "none", ... })
-
-[space]
-preset = "signal-1d"           # conv1d / GRU / attention cells; raw, embedded or flat stems
-
-[data]
-name = "mnist1d"               # MNIST-1D, made here by the mnist1d package; or npz with
-# path = "signals.npz"         # x_train of shape (N, L) or (N, L, F)
-
-[sampler]
-name = "evolutionary"          # evolutionary | qubo | tpe | gp | nsga2 | random
-seed = 0
-
-[pruner]
-name = "staged"                # staged (the [stages] below) | median | hyperband | none
-
-[stages]                       # quick -> medium -> full: budgets of optimisation steps, the
-stages = [                     # same for 40 series or 40,000 (never epochs); with the auto
-    { name = "quick", steps = 100, lr = 4e-3, promote = 0.34 },    # batch below, steps and
-    { name = "medium", steps = 200, lr = 4e-3, promote = 0.34 },   # rates of a batch of 64
-    { name = "full", steps = 600, lr = 4e-3 },                     # (see [objective])
-]
-patience = 150                 # steps without improvement before a candidate stops
-eval_every = 50                # steps between validations (and at every stage's end)
-
-[training]                     # the supernet's warm-up before the search (k paths per batch)
-epochs = 2
-paths_per_batch = 4
-sampling = "fair"
-batch_size = 64
-lr = 0.01
-weight_decay = 0.0
-# threads = 1                  # torch threads per process (default: cores / ranks per node)
-
-[objective]                    # what a trial returns and how a candidate is fine-tuned
-objectives = ["accuracy"]      # or several of accuracy, loss, flops, params, latency
-optimizer = "adam"
-batch_size = "auto"            # a tenth of the training set, 4 to 64 (64 on MNIST-1D); the
-                               # stages' rates x sqrt(batch / 64), their steps / that
-validation = "auto"            # 5-fold cross-validation below 50 validation samples or 5 of
-                               # a class (each fold a model, predictions pooled), else holdout
-max_trial_seconds = 240        # a candidate that trains longer is pruned where it is (the
-                               # enqueued published models are exempt)
-
-[export]                       # `hpcnas export` retrains the chosen architecture with this,
-steps = 2000                   # on train + validation (Adam, cosine); the batch follows the
-lr = 0.004                     # data as above, and the rate with it: 4e-3 at 64, 1e-3 at 4
-batch_size = "auto"
-""",
-}
-
-
-# Models as small as MNIST-1D's use a second thread poorly and a second rank fully.
-_STARTER_PROCESSES = {
-    "signal-1d": (
-        'processes = "auto"             # `hpcnas run` starts one rank per core (as mpirun -n\n'
-        "                               # <cores>), each training its own candidates\n"
-    ),
-}
+    return sorted(
+        p.name.removesuffix(".toml")
+        for p in files("optuna_hpcnas").joinpath("starters").iterdir()
+        if p.name.endswith(".toml")
+    )
 
 
 def starter(preset: str = "digits-small") -> str:
-    """The commented config ``hpcnas init --preset PRESET`` writes."""
-    tail = _STARTER_TAIL.format(processes=_STARTER_PROCESSES.get(preset, ""))
-    return _STARTER_HEAD + _STARTERS[preset] + tail
+    """The commented config ``hpcnas init --preset PRESET`` writes (package data, with the
+    values measured for the preset)."""
+    from importlib.resources import files
+
+    if preset not in starter_presets():
+        raise ValueError(f"`preset` is {preset!r}, but must be one of {starter_presets()}.")
+    return files("optuna_hpcnas").joinpath("starters", f"{preset}.toml").read_text()
 
 
 STARTER = starter()
@@ -737,7 +618,7 @@ def _add_init_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--preset",
         default="digits-small",
-        choices=sorted(_STARTERS),
+        choices=starter_presets(),
         help="the search space and data the starter is written for (default: digits-small, "
         "scikit-learn's digits; signal-1d: MNIST-1D)",
     )

@@ -173,95 +173,11 @@ def _values(
     }
 
 
-_DEPLOYMENT = """\
-apiVersion: apps/v1
-kind: Deployment
-metadata:
-  name: {{ .Release.Name }}
-  labels:
-    app.kubernetes.io/name: {{ .Chart.Name }}
-    app.kubernetes.io/instance: {{ .Release.Name }}
-spec:
-  replicas: {{ .Values.replicaCount }}
-  selector:
-    matchLabels:
-      app.kubernetes.io/name: {{ .Chart.Name }}
-      app.kubernetes.io/instance: {{ .Release.Name }}
-  template:
-    metadata:
-      labels:
-        app.kubernetes.io/name: {{ .Chart.Name }}
-        app.kubernetes.io/instance: {{ .Release.Name }}
-    spec:
-      securityContext:
-        runAsNonRoot: {{ .Values.podSecurityContext.runAsNonRoot }}
-        runAsUser: {{ .Values.podSecurityContext.runAsUser }}
-        runAsGroup: {{ .Values.podSecurityContext.runAsGroup }}
-        fsGroup: {{ .Values.podSecurityContext.fsGroup }}
-      containers:
-        - name: server
-          image: "{{ .Values.image.repository }}:{{ .Values.image.tag }}"
-          imagePullPolicy: {{ .Values.image.pullPolicy }}
-          ports:
-            - name: http
-              containerPort: {{ .Values.containerPort }}
-              protocol: TCP
-          readinessProbe:
-            httpGet:
-              path: /v2/models/{{ .Values.modelName }}/ready
-              port: http
-            initialDelaySeconds: 2
-            timeoutSeconds: {{ .Values.probes.timeoutSeconds }}
-            periodSeconds: {{ .Values.probes.periodSeconds }}
-            failureThreshold: {{ .Values.probes.failureThreshold }}
-          livenessProbe:
-            httpGet:
-              path: /v2/health/live
-              port: http
-            initialDelaySeconds: 10
-            timeoutSeconds: {{ .Values.probes.timeoutSeconds }}
-            periodSeconds: 10
-            failureThreshold: {{ .Values.probes.failureThreshold }}
-          resources:
-            requests:
-              cpu: {{ .Values.resources.requests.cpu | quote }}
-              memory: {{ .Values.resources.requests.memory | quote }}
-            limits:
-              cpu: {{ .Values.resources.limits.cpu | quote }}
-              memory: {{ .Values.resources.limits.memory | quote }}
-          securityContext:
-            allowPrivilegeEscalation: {{ .Values.securityContext.allowPrivilegeEscalation }}
-            readOnlyRootFilesystem: {{ .Values.securityContext.readOnlyRootFilesystem }}
-            capabilities:
-              drop:
-                - ALL
-          volumeMounts:
-            - name: tmp
-              mountPath: /tmp
-      volumes:
-        - name: tmp
-          emptyDir: {}
-"""
+def _chart_template(name: str) -> str:
+    """A template of the chart, as package data (``deploy/chart/templates/``)."""
+    from importlib.resources import files
 
-_SERVICE = """\
-apiVersion: v1
-kind: Service
-metadata:
-  name: {{ .Release.Name }}
-  labels:
-    app.kubernetes.io/name: {{ .Chart.Name }}
-    app.kubernetes.io/instance: {{ .Release.Name }}
-spec:
-  type: {{ .Values.service.type }}
-  ports:
-    - name: http
-      port: {{ .Values.service.port }}
-      targetPort: http
-      protocol: TCP
-  selector:
-    app.kubernetes.io/name: {{ .Chart.Name }}
-    app.kubernetes.io/instance: {{ .Release.Name }}
-"""
+    return files("optuna_hpcnas.deploy").joinpath("chart", "templates", name).read_text()
 
 
 def helm_chart(
@@ -326,6 +242,6 @@ def helm_chart(
     return {
         "Chart.yaml": yaml.safe_dump(chart, sort_keys=False),
         "values.yaml": yaml.safe_dump(values, sort_keys=False),
-        "templates/deployment.yaml": _DEPLOYMENT,
-        "templates/service.yaml": _SERVICE,
+        "templates/deployment.yaml": _chart_template("deployment.yaml"),
+        "templates/service.yaml": _chart_template("service.yaml"),
     }
