@@ -82,6 +82,9 @@ EVOLUTION_ORIGIN = "hpcnas:evolution:origin"
 # Redis journal, gRPC proxy): ``{"number": trial number, "expires": epoch seconds}``, renewed
 # while the trial runs. The number tells a lease copied into a retry from the retry's own.
 STORAGES_LEASE = "hpcnas:storages:lease"
+# The process that runs a trial: {"number", "host", "pid", "start"}; a sweep on that host
+# fails the trial at once when that process is gone.
+STORAGES_OWNER = "hpcnas:storages:owner"
 # Why recover_expired_trials failed a trial (set just before the trial is failed).
 STORAGES_RECOVERED = "hpcnas:storages:recovered"
 # The number of the one retry of a failed trial (``None``: max_retry reached), written in the

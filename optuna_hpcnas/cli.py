@@ -552,12 +552,14 @@ def _run_config(args: argparse.Namespace) -> RunConfig:
 
 def _cmd_run(args: argparse.Namespace, *, resume: bool) -> int:
     from optuna_hpcnas.distributed import finalize_mpi
+    from optuna_hpcnas.run import follow_launcher
     from optuna_hpcnas.run import launch
     from optuna_hpcnas.run import LaunchError
     from optuna_hpcnas.run import relaunch_command
     from optuna_hpcnas.run import run_relaunched
     from optuna_hpcnas.run import StorageLost
 
+    follow_launcher()  # a rank that `hpcnas run` started stops when that process is gone
     config = _run_config(args)
     try:
         command = relaunch_command(config, args.argv)

@@ -18,6 +18,7 @@ from optuna_hpcnas.run._launch import launch
 from optuna_hpcnas.run._launch import Launched
 from optuna_hpcnas.run._launch import LaunchError
 from optuna_hpcnas.run._launch import StorageLost
+from optuna_hpcnas.run._processes import follow_launcher
 from optuna_hpcnas.run._processes import local_processes
 from optuna_hpcnas.run._processes import relaunch_command
 from optuna_hpcnas.run._processes import run_relaunched
@@ -30,6 +31,7 @@ __all__ = [
     "StorageLost",
     "build_objective",
     "configure_threads",
+    "follow_launcher",
     "launch",
     "local_processes",
     "relaunch_command",

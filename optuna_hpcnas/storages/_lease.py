@@ -38,6 +38,8 @@ from typing import TypeVar
 import warnings
 
 from optuna_hpcnas import _keys
+from optuna_hpcnas._process import known_dead
+from optuna_hpcnas._process import this_process
 from optuna_hpcnas._records import fail_with_retry
 from optuna_hpcnas._records import retry_callback
 from optuna_hpcnas._records import stale_trial_ids
@@ -81,10 +83,16 @@ class _RenewalThread(abc.ABC):
     def _run(self) -> None:
         """The thread's loop."""
 
+    _storage: Any
+    _trial_id: int
+
     def __enter__(self: _Renewer) -> _Renewer:
         if self._thread is not None:
             raise RuntimeError(f"The {self._kind} of trial {self._number} is already running.")
         self._renew_now()
+        # which process runs it: a sweep on this host need not wait for the renewals to stop
+        owner = {"number": self._number, **this_process()}
+        self._storage.set_trial_system_attr(self._trial_id, _keys.STORAGES_OWNER, owner)
         self._stop.clear()
         self._thread = threading.Thread(
             target=self._run, name=f"hpcnas-{self._kind}-{self._number}", daemon=True
@@ -256,7 +264,7 @@ class TrialHeartbeat(_RenewalThread):
         return self.beat()
 
     def beat(self) -> bool:
-        self._storage.record_heartbeat(self._trial_id)  # type: ignore[attr-defined]
+        self._storage.record_heartbeat(self._trial_id)
         return True
 
     def _run(self) -> None:
@@ -303,6 +311,17 @@ def _expired_reason(
     return f"no lease and no heartbeat {age:.1f} s after it started"
 
 
+def _owner_gone(trial: optuna.trial.FrozenTrial) -> str | None:
+    """Why ``trial`` is dead although its heartbeat or lease has not run out yet: the process
+    that took it (its own record, not one a retry inherited) was on this host and is gone."""
+    owner = trial.system_attrs.get(_keys.STORAGES_OWNER)
+    if not isinstance(owner, dict) or owner.get("number") != trial.number:
+        return None
+    if not known_dead(owner):
+        return None
+    return f"its process (pid {owner['pid']} on this host) is gone"
+
+
 def recover_expired_trials(
     study: optuna.Study,
     *,
@@ -312,9 +331,11 @@ def recover_expired_trials(
     """FAIL the RUNNING trials of dead workers and queue their retries; returns their numbers.
 
     A trial is dead when its Optuna heartbeat is older than the storage's grace period (what
-    ``optuna.storages.fail_stale_trials`` would fail), when its :class:`TrialLease` expired, or
+    ``optuna.storages.fail_stale_trials`` would fail), when its :class:`TrialLease` expired,
     when it has neither a lease nor an Optuna heartbeat record and started more than
-    ``grace_period`` seconds ago (its worker died between the ask and the lease). Each dead
+    ``grace_period`` seconds ago (its worker died between the ask and the lease), or at once
+    when the process that took it ran on this host and is gone (pid and start time, recorded
+    when its lease or heartbeat began). Each dead
     trial goes through :func:`fail_and_requeue`: failed, and a WAITING copy (same parameters,
     distributions, user attributes and system attributes, fixed parameters included, lease
     removed) added as :class:`optuna.storages.RetryHeartbeatStaleTrialCallback` would, unless
@@ -355,6 +376,8 @@ def recover_expired_trials(
             reason: str | None = "heartbeat stale"
         else:
             reason = _expired_reason(trial, trial._trial_id in with_heartbeat, grace_period, now)
+        if reason is None:
+            reason = _owner_gone(trial)
         if reason is None:
             continue
         if fail_and_requeue(

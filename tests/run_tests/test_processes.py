@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from optuna_hpcnas._process import start_time
 from optuna_hpcnas.config import config_from_dict
 from optuna_hpcnas.run import _processes
 from optuna_hpcnas.run import LaunchError
@@ -73,3 +74,40 @@ def test_the_exit_status_is_the_jobs() -> None:
     assert _processes.run_relaunched([sys.executable, "-c", "raise SystemExit(75)"]) == 75
     killed = "import os, signal; os.kill(os.getpid(), signal.SIGTERM)"
     assert _processes.run_relaunched([sys.executable, "-c", killed]) == 128 + 15
+
+
+def test_a_rank_killed_by_a_signal_is_128_plus_the_signal(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    # mpich's mpiexec reports a rank's signal on stderr and exits with the signal's number
+    mpiexec = (
+        "import sys; sys.stderr.write('=   KILLED BY SIGNAL: 9 (Killed)\\n'); raise SystemExit(9)"
+    )
+    assert _processes.run_relaunched([sys.executable, "-c", mpiexec]) == 128 + 9
+    assert "KILLED BY SIGNAL: 9" in capfd.readouterr().err  # the job's stderr still shown
+    assert _processes.run_relaunched([sys.executable, "-c", "raise SystemExit(9)"]) == 9
+
+
+def test_a_rank_stops_when_the_launching_process_is_gone() -> None:
+    import os
+    import subprocess
+    import time
+
+    launcher = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1.5)"])
+    rank = (
+        "import signal, sys, time\n"
+        "from optuna_hpcnas.run import follow_launcher\n"
+        "signal.signal(signal.SIGTERM, lambda *a: sys.exit(143))\n"
+        "assert follow_launcher(interval=0.1) is not None\n"
+        "time.sleep(60)\n"
+    )
+    start = start_time(launcher.pid)
+    env = {**os.environ, _processes.LAUNCHER_ENV: f"{launcher.pid}:{start}"}
+    began = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", rank], env=env, timeout=60, check=False)
+    launcher.wait()
+    assert proc.returncode == 143 and time.monotonic() - began < 30
+    # not started by hpcnas run: nothing to follow
+    env.pop(_processes.LAUNCHER_ENV)
+    code = "from optuna_hpcnas.run import follow_launcher; assert follow_launcher() is None"
+    subprocess.run([sys.executable, "-c", code], env=env, timeout=60, check=True)

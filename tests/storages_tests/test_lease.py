@@ -73,12 +73,12 @@ def test_expired_lease_is_failed_and_queued_once_as_optuna_retries(journal_path:
     study.enqueue_trial({"x": 0.25}, user_attrs={"origin": "queue"})
     trial = study.ask(_X)
     trial.set_user_attr("note", "kept")
-    with TrialLease(trial, interval=0.1, grace_period=0.3):
+    with TrialLease(trial, interval=0.1, grace_period=1.5):
         pass
     live = study.ask(_X)  # a second trial with a fresh lease is left alone
     with TrialLease(live, interval=5.0):
         assert recover_expired_trials(study, grace_period=60) == []
-        time.sleep(0.4)
+        time.sleep(1.6)
         assert recover_expired_trials(study, grace_period=60) == [0]
         assert recover_expired_trials(study, grace_period=60) == []
         trials = study.get_trials(deepcopy=False)
@@ -189,9 +189,12 @@ def test_worker_killed_right_after_the_ask_is_recovered(
     assert _states(study) == [TrialState.RUNNING]
     has_lease = lease_expiry(study.trials[0]) is not None
     assert has_lease == (moment == "in-lease")
-    assert recover_expired_trials(study, grace_period=1.0) == []  # still within its grace
-    time.sleep(1.2)
-    assert recover_expired_trials(study, grace_period=1.0) == [0]
+    if moment == "in-lease":  # its process, recorded with the lease, is gone: at once
+        assert recover_expired_trials(study, grace_period=600.0) == [0]
+    else:
+        assert recover_expired_trials(study, grace_period=1.0) == []  # within its grace
+        time.sleep(1.2)
+        assert recover_expired_trials(study, grace_period=1.0) == [0]
     # The next worker runs the retry; nothing is left RUNNING or WAITING.
     study.optimize(lambda t: t.suggest_float("x", 0.0, 1.0), n_trials=1)
     trials = study.get_trials(deepcopy=False)
@@ -231,3 +234,36 @@ def test_fail_and_requeue_is_the_one_retry_of_sweeps_and_signals(tmp_path: Path)
     assert won == [True, False]
     assert [t.state for t in study.get_trials()] == [TrialState.FAIL, TrialState.FAIL]
     assert study.trials[1].system_attrs[_keys.STORAGES_RECOVERED] == "sweep a"
+
+
+def test_a_trial_whose_process_on_this_host_is_gone_is_recovered_at_once(
+    journal_path: str,
+) -> None:
+    import socket
+
+    from optuna_hpcnas._process import start_time
+
+    study = _study(journal_path)
+    trial = study.ask(_X)
+    with TrialLease(trial, interval=30, grace_period=600):
+        owner = study.trials[0].system_attrs[_keys.STORAGES_OWNER]
+        assert owner["pid"] == os.getpid() and owner["number"] == trial.number
+        assert recover_expired_trials(study, grace_period=600) == []  # this process runs it
+    dead = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    record = {"number": trial.number, "host": socket.gethostname(), "pid": dead.pid}
+    record["start"] = start_time(dead.pid)
+    dead.kill()
+    dead.wait()
+    storage = study._storage
+    for other in (  # none of these says the trial's own process is gone
+        {**record, "host": "another-host"},
+        {**record, "number": trial.number + 1},  # a record a retry inherited
+        {**record, "start": None},  # a bare pid could be a newer process
+    ):
+        storage.set_trial_system_attr(trial._trial_id, _keys.STORAGES_OWNER, other)
+        assert recover_expired_trials(study, grace_period=600) == []
+    storage.set_trial_system_attr(trial._trial_id, _keys.STORAGES_OWNER, record)
+    assert recover_expired_trials(study, grace_period=600) == [trial.number]
+    assert _states(study) == [TrialState.FAIL, TrialState.WAITING]
+    reason = study.trials[0].system_attrs[_keys.STORAGES_RECOVERED]
+    assert f"pid {dead.pid} on this host" in str(reason)
