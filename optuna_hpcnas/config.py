@@ -135,12 +135,17 @@ class StudyConfig:
 class SpaceConfig:
     """``[space]``: a named preset (with ``overrides``) or a JSON ``file`` written by
     ``HierarchicalSearchSpace.to_json``; ``target`` (``"onnx-cpu"``, ``"tensorrt"``,
-    ``"npu-no-grouped"``) removes the operators that deployment target cannot run."""
+    ``"npu-no-grouped"``) removes the operators that deployment target cannot run.
+    ``[[space.operator]]`` tables add a user's operators to every cell's choices: ``name``,
+    ``factory`` (``"package.module:function"`` returning an ``optuna_hpcnas.supernet.SharedOp``
+    for ``(spec=, domain=, channels=)``) and any other ``OperatorSpec`` field (``family``
+    defaults to the name, ``domains`` to the space's)."""
 
     preset: str | None = "digits-small"
     file: str | None = None
     overrides: Mapping[str, Any] = field(default_factory=dict)
     target: str | None = None
+    operator: Sequence[Mapping[str, Any]] = ()
 
     def __post_init__(self) -> None:
         from optuna_hpcnas.search_space._presets import PRESETS
@@ -157,12 +162,36 @@ class SpaceConfig:
             from optuna_hpcnas.search_space._targets import target_profile
 
             target_profile(self.target)  # an unknown name raises, naming the known ones
+        if not isinstance(self.operator, Sequence) or isinstance(self.operator, str):
+            raise TypeError(f"`operator` must be a list of tables, but got {self.operator!r}.")
+        for table in self.operator:
+            _table("operator", table)
+            for key in ("name", "factory"):
+                if not isinstance(table.get(key), str) or not table[key]:
+                    raise ValueError(f"every [[space.operator]] needs a `{key}` string")
+        object.__setattr__(self, "operator", tuple(dict(t) for t in self.operator))
+
+    def _registry(self, domain: str) -> Any:
+        """The built-in operators and the ``[[space.operator]]`` ones (factories imported)."""
+        from optuna_hpcnas._imports import import_object
+        from optuna_hpcnas.search_space import OperatorRegistry
+        from optuna_hpcnas.search_space import OperatorSpec
+
+        registry = OperatorRegistry.default()
+        for table in self.operator:
+            fields_ = {"family": table["name"], "domains": [domain], **table}
+            factory = fields_["factory"] = import_object(table["factory"])
+            if not callable(factory):
+                raise ValueError(f"operator {table['name']!r}: {factory!r} is not callable")
+            registry.register(OperatorSpec(**fields_))
+        return registry
 
     def build(self) -> Any:
         """The ``HierarchicalSearchSpace``."""
         import json
 
         from optuna_hpcnas.search_space import HierarchicalSearchSpace
+        from optuna_hpcnas.search_space._presets import PRESETS
 
         target = {} if self.target is None else {"target": self.target}
         try:
@@ -171,9 +200,16 @@ class SpaceConfig:
                     data = json.loads(Path(self.file).read_text())
                 except (OSError, ValueError) as e:
                     raise ConfigError(f"[space] file {self.file!r}: {e}") from None
-                return HierarchicalSearchSpace.from_dict({**data, **self.overrides, **target})
-            assert self.preset is not None
-            return HierarchicalSearchSpace.preset(self.preset, **self.overrides, **target)
+                data = {**data, **self.overrides}
+            else:
+                assert self.preset is not None
+                data = {**PRESETS[self.preset], **self.overrides}
+            registry = None
+            if self.operator:
+                own = [t["name"] for t in self.operator]
+                data["operators"] = (*[o for o in data["operators"] if o not in own], *own)
+                registry = self._registry(str(data.get("domain", "image")))
+            return HierarchicalSearchSpace.from_dict({**data, **target}, registry=registry)
         except (TypeError, ValueError) as e:
             if isinstance(e, ConfigError):
                 raise

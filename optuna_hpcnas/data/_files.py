@@ -10,7 +10,6 @@ its Python batches with an unpickler that only admits the numpy array constructo
 
 from __future__ import annotations
 
-import importlib
 import io
 import math
 from pathlib import Path
@@ -22,6 +21,7 @@ import zipfile
 import numpy as np
 from torch.utils.data import TensorDataset
 
+from optuna_hpcnas._imports import import_object
 from optuna_hpcnas.data._arrays import DataError
 from optuna_hpcnas.data._arrays import Splits
 from optuna_hpcnas.data._arrays import task_from_arrays
@@ -103,13 +103,10 @@ def _load(config: Any) -> TaskData:
 
 
 def _from_factory(spec: str, *, seed: int, kwargs: dict[str, Any]) -> TaskData:
-    module_name, _, attr = spec.partition(":")
     try:
-        target: Any = importlib.import_module(module_name)
-        for part in attr.split("."):
-            target = getattr(target, part)
-    except (ImportError, AttributeError) as e:
-        raise DataError(f"[data] factory {spec!r} cannot be imported: {e}") from None
+        target = import_object(spec)
+    except ValueError as e:
+        raise DataError(f"[data] factory {e}") from None
     task = target(seed=seed, **kwargs)
     if not isinstance(task, TaskData):
         raise DataError(

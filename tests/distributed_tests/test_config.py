@@ -234,3 +234,28 @@ def test_checkpoints_table_is_the_checkpoint_components_config() -> None:
         config_from_dict(
             {"study": {"n_trials": 1}, "checkpoints": {"heartbeat_interval": 1, "grace_period": 1}}
         )
+
+
+def make_identity_op(*, spec: object, domain: str, channels: int) -> object:
+    """A user operator factory for the ``[[space.operator]]`` test."""
+    from optuna_hpcnas.supernet._ops import IdentityOp
+
+    return IdentityOp(domain)
+
+
+def test_space_operator_tables_add_a_users_operator() -> None:
+    own = {"name": "mine", "factory": f"{__name__}:make_identity_op"}
+    study = {"n_trials": 1}
+    config = config_from_dict(
+        {"study": study, "space": {"preset": "digits-small", "operator": [own]}}
+    )
+    space = config.space.build()
+    names = [spec.name for spec in space.operators]
+    assert names[-1] == "mine" and "conv3x3" in names
+    mine = space.operators[-1]
+    assert mine.family == "mine" and mine.domains == {"image"} and mine.factory is not None
+    with pytest.raises(ConfigError, match="needs a `factory`"):
+        config_from_dict({"study": study, "space": {"operator": [{"name": "mine"}]}})
+    broken = {"name": "mine", "factory": "no_such_module:make"}
+    with pytest.raises(ConfigError, match=r"\[space\].*no_such_module.*cannot be imported"):
+        config_from_dict({"study": study, "space": {"operator": [broken]}}).space.build()

@@ -43,6 +43,7 @@ def _run_example(
         ("sequence_attention.py", _SCRATCH, ["sequence-attention"], "mean accuracy of trials"),
         ("hardware_aware.py", _SUPERNET, ["hardware-aware"], "Pareto front within"),
         ("qubo_search.py", _SCRATCH, ["qubo-search-qubo", "qubo-search-random"], "QUBO best:"),
+        ("own_operator.py", _SCRATCH, ["own-operator"], "\n  se "),  # the user's operator
     ],
 )
 def test_example_runs_reduced(
@@ -128,3 +129,21 @@ def test_mpirun_wrapper_propagates_failure(tmp_path: Path) -> None:
     assert proc.returncode != 0
     assert "OPTUNA_STORAGE is not set" in proc.stderr
     assert proc.stderr.count("hpcnas status: error: no storage given") == 2  # both ranks
+
+
+@pytest.mark.slow
+def test_own_operator_from_toml(tmp_path: Path) -> None:
+    """``[[space.operator]]``: the user's operator (``examples/own_ops.py``) in every cell."""
+    storage = f"sqlite:///{tmp_path / 'own.db'}"
+    env = {**os.environ, "PYTHONPATH": str(EXAMPLES), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "optuna_hpcnas", "run", "--config",
+         str(EXAMPLES / "own_operator.toml"), "--n-trials", "2", "--no-progress",
+         "--set", f"study.storage={storage}"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    study = optuna.load_study(study_name="own-operator-toml", storage=storage)
+    first = study.trials[0]
+    assert first.params["node.cell0.op"] == "se" and first.state == TrialState.COMPLETE
+    assert '"se"' in first.user_attrs["arch"]
