@@ -12,7 +12,7 @@ SEARCH_SPACE = "hpcnas:search_space:definition"
 # Constraint names (through ``trial.set_constraint``; Optuna prefixes them itself).
 CLUSTER_RANKS_CONSTRAINT = "hpcnas.cluster_ranks"
 
-# Checkpoints (issue 7). Study system attributes: one manifest per checkpoint, written last.
+# Checkpoints. Study system attributes: one manifest per checkpoint, written last.
 CHECKPOINT_MANIFEST_PREFIX = "hpcnas:checkpoints:manifest:"
 # Trial system attributes set when a signal (SIGTERM/SIGUSR1) stopped the trial for a retry.
 CHECKPOINT_PREEMPTED = "hpcnas:checkpoints:preempted"
@@ -53,7 +53,7 @@ RUN_DATA = "hpcnas:run:data"  # the [data] table the search ran on (JSON), for e
 # popping call's token, so a pop tried again after a lost answer finds the trial it took.
 RUN_CLAIM = "hpcnas:run:claim"
 # The number of budget trials the study's runs asked for in all, written before they are queued,
-# so a run killed while queuing is resumed with its whole budget (issue 23).
+# so a run killed while queuing is resumed with its whole budget.
 RUN_BUDGET = "hpcnas:run:budget"
 # Trial system attribute of every budget trial (a retry inherits it with ``failed_trial``).
 RUN_BUDGET_TRIAL = "hpcnas:run:budget_trial"
@@ -88,13 +88,13 @@ STORAGES_OWNER = "hpcnas:storages:owner"
 # Why recover_expired_trials failed a trial (set just before the trial is failed).
 STORAGES_RECOVERED = "hpcnas:storages:recovered"
 # The number of the one retry of a failed trial (``None``: max_retry reached), written in the
-# same transaction as the failure and the retry on RDB storages (issue 23: retried once).
+# same transaction as the failure and the retry on RDB storages.
 STORAGES_RETRY = "hpcnas:storages:retry"
 # Load test (optuna_hpcnas.storages.testing), trial user attributes: which worker ran the
 # trial, and the number the worker saw (checked against the stored one).
 LOADTEST_WORKER = "load_worker"
 LOADTEST_NUMBER = "load_number"
-# --- samplers (issue 14) -------------------------------------------------------------------
+# --- samplers ----------------------------------------------------------------------------
 # Trial system attribute: the params a sampler proposed for a running trial, written before
 # the trial suggests them, so that other workers (EvolutionarySampler and QUBOSampler alike)
 # do not propose the same candidate; see optuna_hpcnas/samplers/_proposals.py.

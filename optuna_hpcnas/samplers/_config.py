@@ -59,8 +59,7 @@ class SamplerConfig:
             return QUBOSampler(seed=seed, **kwargs)
         except ImportError as e:
             raise ConfigError(
-                f"[sampler] name = {self.name!r} needs a missing package: {e} "
-                "(install optuna-hpcnas[qubo] for 'qubo')."
+                f"[sampler] name = {self.name!r} needs a missing package: {e}."
             ) from None
         except TypeError as e:
             raise ConfigError(f"[sampler] kwargs: {e}") from None

@@ -735,7 +735,7 @@ class QUBOSampler(BaseSampler):
         return None, self._surrogate.draw(codes, values, rng)
 
     def _is_local(self, trial: FrozenTrial, layout: _Layout, n_complete: int) -> bool:
-        """Whether this ask refines the incumbent instead of annealing (issue 22), for a
+        """Whether this ask refines the incumbent instead of annealing, for a
         surrogate without a posterior (with one, every ask anneals and ``_pooled`` weighs
         the annealed codes against the incumbent's ring).
 

@@ -2,9 +2,8 @@
 
 numpy's BLAS starts one thread per core and spins while it waits. In the main job the asks
 run beside training, on a thread of a process whose cores torch already uses, so those
-threads only fight torch's (issue 22: on a busy 2-core machine an EvolutionarySampler study
-took 22.3 s with two BLAS threads and 6.0 s with one). Each ask therefore runs under a
-``threadpoolctl`` limit, one thread unless the sampler is given more.
+threads only fight torch's and slow both (docs/samplers.md has the measurement). Each ask
+therefore runs under a ``threadpoolctl`` limit, one thread unless the sampler is given more.
 """
 
 from __future__ import annotations

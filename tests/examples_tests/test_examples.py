@@ -55,8 +55,6 @@ def test_example_runs_reduced(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture,
 ) -> None:
-    if script == "qubo_search.py":
-        pytest.importorskip("dimod", reason="the QUBO example needs the qubo extra")
     storage = f"sqlite:///{tmp_path / 'examples.db'}"
     args = ["--trials", "2", "--storage", storage, *extra]
     if script == "cnn_digits.py":

@@ -49,14 +49,13 @@ _MAX_ATTEMPTS = 4
 # Spaces up to this size are enumerated (once) to draw among unseen architectures exactly.
 _ENUMERABLE = 20_000
 # Screening pool: random two-decision mutations and random points beside the neighbourhoods
-# (they let the surrogate leave a local optimum), and a cap for very large neighbourhoods.
-# 128 + 128 against 16 + 16 on NAS-Bench-201 cifar10 (30 tuning seeds, regret@100): with a
-# model-size constraint 0.22 against 0.41, unconstrained 0.046 against 0.030 (within noise).
+# (they let the surrogate leave a local optimum), and a cap for very large neighbourhoods;
+# the sizes were tuned on NAS-Bench-201 cifar10 (docs/samplers.md).
 _POOL_MUTANTS = 128
 _POOL_RANDOM = 128
 _POOL_MAX = 4_000
 # Besides the tournament winner, the neighbourhoods of this many best trials are screened
-# (3 was worse than 1 on NAS-Bench-201 cifar10: 0.062 against 0.030).
+# (more was worse on NAS-Bench-201 cifar10).
 _POOL_PARENTS = 1
 # Observations the surrogate is fitted on: the newest (where the search is) and the best so
 # far (where it should go), so an ask costs the same at 300 and at 5,000 trials (its fit is
