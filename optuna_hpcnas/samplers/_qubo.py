@@ -235,13 +235,33 @@ def _from_slot(dist: BaseDistribution, slot: Any) -> Any:
     return float(slot)
 
 
+# ParEGO's augmentation: the weighted sum's share beside the weighted maximum, so that weakly
+# dominated points do not tie with the points that dominate them.
+PAREGO_RHO = 0.05
+
+
+def parego_scalarise(values: np.ndarray, rng: np.random.Generator) -> list[float]:
+    """One value per row of ``values`` (rows: trials, columns: objectives to minimise), the
+    augmented Chebyshev scalarisation of ParEGO with a weight vector drawn uniformly from the
+    simplex; a single objective is returned as it is (no draw)."""
+    if values.ndim != 2 or values.shape[1] == 1:
+        return [float(v) for v in values.reshape(-1)]
+    low, high = values.min(axis=0), values.max(axis=0)
+    normalised = (values - low) / np.where(high > low, high - low, 1.0)
+    weights = rng.dirichlet(np.ones(values.shape[1]))
+    weighted = normalised * weights
+    return [float(v) for v in weighted.max(axis=1) + PAREGO_RHO * weighted.sum(axis=1)]
+
+
 class QUBOSampler(BaseSampler):
     """Surrogate-to-QUBO search with simulated annealing for small discrete spaces.
 
     Combines FMQA (factorization machine + annealing) and BOCS (Bayesian second-order model
-    with Thompson sampling + annealing as acquisition optimiser). Single-objective only: a
-    multi-objective study raises ``ValueError`` (scalarise the objectives in the objective
-    function to use it there).
+    with Thompson sampling + annealing as acquisition optimiser). Several objectives are
+    searched as ParEGO does (Knowles 2006): each ask draws a weight vector uniformly from the
+    simplex and fits the surrogate to the augmented Chebyshev scalarisation of the objectives
+    (each normalised to [0, 1] over the complete trials), so successive asks aim at different
+    parts of the Pareto front.
 
     Args:
         seed: Seed of the random start-up trials, the surrogate draws and the annealer.
@@ -371,15 +391,6 @@ class QUBOSampler(BaseSampler):
         self._independent.reseed_rng()
 
     # ------------------------------------------------------------------ search space
-    @staticmethod
-    def _check_single_objective(study: optuna.Study) -> None:
-        if len(study.directions) > 1:
-            raise ValueError(
-                f"QUBOSampler supports single-objective studies only, but this study has "
-                f"{len(study.directions)} objectives. Scalarise them in the objective, or use "
-                "NSGAIISampler or EvolutionarySampler."
-            )
-
     def _hierarchical_space(self, study: optuna.Study) -> HierarchicalSearchSpace | None:
         attrs = study._storage.get_study_system_attrs(study._study_id)
         text = attrs.get(_keys.SEARCH_SPACE)
@@ -392,7 +403,6 @@ class QUBOSampler(BaseSampler):
     def infer_relative_search_space(
         self, study: optuna.Study, trial: FrozenTrial
     ) -> dict[str, BaseDistribution]:
-        self._check_single_objective(study)
         out: dict[str, BaseDistribution] = {}
         space = self._hierarchical_space(study)
         if space is not None:
@@ -505,7 +515,6 @@ class QUBOSampler(BaseSampler):
         trial: FrozenTrial,
         search_space: dict[str, BaseDistribution],
     ) -> dict[str, Any]:
-        self._check_single_objective(study)
         if not search_space:
             return {}
         with self._threads.limit():
@@ -526,7 +535,7 @@ class QUBOSampler(BaseSampler):
         codes, values, busy = [], [], []
         constraints: list[list[float] | None] = []
         pending = [t._trial_id for t in trials if not t.state.is_finished()]
-        sign = -1.0 if study.direction == StudyDirection.MAXIMIZE else 1.0
+        signs = np.array([-1.0 if d == StudyDirection.MAXIMIZE else 1.0 for d in study.directions])
         key = (
             id(study._storage),
             study._study_id,
@@ -549,9 +558,13 @@ class QUBOSampler(BaseSampler):
                     cache[t._trial_id] = bits
             if bits is None:
                 continue
-            if t.state == TrialState.COMPLETE and t.value is not None and math.isfinite(t.value):
+            if (
+                t.state == TrialState.COMPLETE
+                and t.values is not None
+                and all(math.isfinite(v) for v in t.values)
+            ):
                 codes.append(bits)
-                values.append(sign * t.value)
+                values.append(signs * np.asarray(t.values, dtype=float))
                 cons = t.constraints
                 constraints.append(list(cons.values()) if cons else None)
             else:
@@ -560,13 +573,14 @@ class QUBOSampler(BaseSampler):
             seen = codes + busy
             randoms = self._randoms(layout, rng, seen)
             return self._claim(study, trial, layout, randoms, pending, seen)
+        scalar = parego_scalarise(np.array(values), rng)
         constraint = constraint_target(constraints)
         # With a feasibility surrogate the objective one learns from every complete trial;
         # without one, infeasible trials rank last in the objective's own target.
         keys = feasibility_keys(
-            values, constraints if constraint is None else [None] * len(values)
+            scalar, constraints if constraint is None else [None] * len(scalar)
         )
-        ranked = feasibility_keys(values, constraints)  # the incumbent is feasible if any is
+        ranked = feasibility_keys(scalar, constraints)  # the incumbent is feasible if any is
         incumbent = min(range(len(ranked)), key=ranked.__getitem__)
         return self._optimise(
             study,
@@ -776,7 +790,6 @@ class QUBOSampler(BaseSampler):
         param_name: str,
         param_distribution: BaseDistribution,
     ) -> Any:
-        self._check_single_objective(study)
         if isinstance(param_distribution, FloatDistribution) and self._float_grid is None:
             _slots(param_name, param_distribution, None)  # raises the float error
         found, value = self._late.value(

@@ -6,15 +6,15 @@ from collections.abc import Callable
 
 import optuna
 from optuna.testing.pytest_samplers import BasicSamplerTestCase
+from optuna.testing.pytest_samplers import MultiObjectiveSamplerTestCase
 from optuna.testing.pytest_samplers import RelativeSamplerTestCase
-from optuna.testing.pytest_samplers import SingleOnlySamplerTestCase
 import pytest
 
 from optuna_hpcnas.samplers import QUBOSampler
 
 
 class TestQUBOSamplerWithFloatGrid(
-    BasicSamplerTestCase, RelativeSamplerTestCase, SingleOnlySamplerTestCase
+    BasicSamplerTestCase, RelativeSamplerTestCase, MultiObjectiveSamplerTestCase
 ):
     """Every case of the suites: floats are searched on a 5-point grid."""
 
@@ -23,7 +23,7 @@ class TestQUBOSamplerWithFloatGrid(
         return lambda: QUBOSampler(n_startup_trials=1, discretize_floats=5, num_reads=8)
 
 
-class TestQUBOSamplerCategoricalOnly(RelativeSamplerTestCase, SingleOnlySamplerTestCase):
+class TestQUBOSamplerCategoricalOnly(RelativeSamplerTestCase):
     """The default sampler (floats rejected) on the cases without floats."""
 
     @pytest.fixture

@@ -10,8 +10,8 @@ from pathlib import Path
 import optuna
 from optuna.samplers import BaseSampler
 from optuna.testing.pytest_samplers import BasicSamplerTestCase
+from optuna.testing.pytest_samplers import MultiObjectiveSamplerTestCase
 from optuna.testing.pytest_samplers import RelativeSamplerTestCase
-from optuna.testing.pytest_samplers import SingleOnlySamplerTestCase
 import optunahub
 import pytest
 from qubo import LinearBudget
@@ -24,7 +24,9 @@ QUBOSampler = module.QUBOSampler
 OPS = {"conv3x3": (0.0, 9.0), "sepconv3x3": (0.03, 4.0), "skip": (0.2, 0.0)}  # error, cost
 
 
-class TestQUBOSampler(BasicSamplerTestCase, RelativeSamplerTestCase, SingleOnlySamplerTestCase):
+class TestQUBOSampler(
+    BasicSamplerTestCase, RelativeSamplerTestCase, MultiObjectiveSamplerTestCase
+):
     @pytest.fixture
     def sampler(self) -> Callable[[], BaseSampler]:
         # Floats on a 5-point grid, so every case of the suites applies.
@@ -58,6 +60,7 @@ def test_is_the_library_sampler() -> None:
     from optuna_hpcnas.samplers import QUBOSampler as Library
 
     assert QUBOSampler is Library
-    study = optuna.create_study(directions=["minimize", "minimize"], sampler=QUBOSampler())
-    with pytest.raises(ValueError):
-        study.optimize(lambda t: (t.suggest_int("x", 0, 3), 0.0), n_trials=1)
+    # two objectives (ParEGO): every trial proposes a point of the space
+    study = optuna.create_study(directions=["minimize", "minimize"], sampler=QUBOSampler(seed=0))
+    study.optimize(lambda t: (t.suggest_int("x", 0, 3), -t.params["x"]), n_trials=8)
+    assert len(study.best_trials) >= 2
