@@ -61,19 +61,20 @@ def test_the_wheel_installs_and_runs_outside_the_checkout(tmp_path: Path) -> Non
     env_dir = tmp_path / "venv"
     venv.EnvBuilder(with_pip=True).create(env_dir)
     python = env_dir / "bin" / "python"
+    # nothing of the checkout on the path: only the wheel provides optuna_hpcnas
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "OPTUNA_STORAGE")}
+    env.update(OMP_NUM_THREADS="1", PATH=f"{env_dir / 'bin'}{os.pathsep}{env['PATH']}")
     site = Path(
         _run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-             tmp_path).strip()
+             tmp_path, env).strip()
     )  # fmt: skip
     # this environment's dependencies, after the fresh one's own packages on sys.path
     (site / "borrowed.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    _run([str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheels[0])],
-         tmp_path)  # fmt: skip
+    pip = [str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-index"]
+    _run([*pip, "--ignore-installed", str(wheels[0])], tmp_path, env)
 
     user = tmp_path / "user"
     user.mkdir()
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "OPTUNA_STORAGE")}
-    env.update(OMP_NUM_THREADS="1", PATH=f"{env_dir / 'bin'}{os.pathsep}{env['PATH']}")
     # the borrowed mpi4py looks for the mpich wheel's library under its own prefix
     libmpi = sorted(Path(sys.prefix, "lib").glob("libmpi.so*"))
     if libmpi:
