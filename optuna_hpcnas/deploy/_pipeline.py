@@ -36,6 +36,7 @@ from optuna_hpcnas.deploy._preprocess import raw_inputs
 from optuna_hpcnas.deploy._preprocess import standardisation
 from optuna_hpcnas.deploy._targets import check_target
 from optuna_hpcnas.deploy._targets import tensorrt_available
+from optuna_hpcnas.deploy._wheel import package_for_container
 from optuna_hpcnas.evaluation import _onnx
 from optuna_hpcnas.search_space import target_profile
 
@@ -240,10 +241,14 @@ def _export_checked(
 def _write_container(
     out: Path, *, name: str, image: str | None, ort_version: str, probe_timeout: int
 ) -> list[str]:
-    """``Dockerfile`` and ``chart/`` into ``out``; the files written."""
+    """``Dockerfile`` (installing a wheel of the running optuna-hpcnas copied beside it, when
+    there is one) and ``chart/`` into ``out``; the files written."""
     chart_name = re.sub(r"[^a-z0-9-]+", "-", name.lower()).strip("-")[:50] or "model"
+    package = package_for_container(out)  # the running optuna-hpcnas, as a wheel if it can
     (out / "Dockerfile").write_text(
-        dockerfile(model_dir_name=chart_name, name=name, onnxruntime_version=ort_version)
+        dockerfile(
+            model_dir_name=chart_name, name=name, onnxruntime_version=ort_version, package=package
+        )
     )
     files = helm_chart(
         name=chart_name,
@@ -255,7 +260,8 @@ def _write_container(
         path = out / "chart" / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
-    return ["Dockerfile", *(f"chart/{rel}" for rel in files)]
+    wheel = [package] if package.endswith(".whl") else []
+    return ["Dockerfile", *wheel, *(f"chart/{rel}" for rel in files)]
 
 
 def _serving_figures(
@@ -488,7 +494,8 @@ def _commit(stage: Staging, report: DeployReport) -> None:
     new one comes last, so a report only ever describes the files beside it."""
     (stage.path / REPORT_FILE).write_text(json.dumps(report.to_dict(), indent=2) + "\n")
     stage.remove(REPORT_FILE)
-    stage.commit([FP32_FILE, INT8_FILE, "Dockerfile", "chart", REPORT_FILE])
+    wheels = [f for f in report.files if f.endswith(".whl")]
+    stage.commit([FP32_FILE, INT8_FILE, *wheels, "Dockerfile", "chart", REPORT_FILE])
 
 
 def _warn_int8_accuracy(fp32: float, int8: float, margin: float) -> None:

@@ -1,11 +1,11 @@
 from __future__ import annotations
 
+import importlib.metadata
 import json
 from pathlib import Path
 import re
 import shutil
 import subprocess
-import sys
 from typing import Any
 
 import pytest
@@ -217,25 +217,36 @@ def test_docker_build(deployed: Any, tmp_path: Path) -> None:
         pytest.skip("docker is not installed (a tool check, not a service: never required)")
     if subprocess.run([docker, "info"], capture_output=True).returncode != 0:
         pytest.skip("docker has no engine here (a tool check, not a service: never required)")
-    # The image installs this checkout as a wheel: optuna-hpcnas need not be on an index.
+    # deploy put a wheel of this checkout into the context: optuna-hpcnas need not be on an
+    # index
     context = tmp_path / "context"
     shutil.copytree(deployed[0], context)
-    root = Path(__file__).resolve().parents[2]
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(context), str(root)],
-        check=True,
-    )
-    (wheel,) = (p.name for p in context.glob("optuna_hpcnas-*.whl"))
-    report = json.loads((context / "report.json").read_text())
-    (context / "Dockerfile").write_text(
-        dockerfile(
-            model_dir_name="digits",
-            name="digits",
-            onnxruntime_version=report["versions"]["onnxruntime"],
-            package=wheel,
-        )
-    )
+    assert list(context.glob("optuna_hpcnas-*.whl"))
     result = subprocess.run(
         [docker, "build", "-t", "hpcnas-deploy-test:latest", str(context)], capture_output=True
     )
     assert result.returncode == 0, result.stderr.decode()[-2000:]
+
+
+def test_the_container_installs_the_running_package(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import optuna_hpcnas
+    from optuna_hpcnas.deploy._wheel import package_for_container
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    context = tmp_path / "context"
+    context.mkdir()
+    name = package_for_container(context)  # from this checkout: a wheel beside the Dockerfile
+    assert name.endswith(".whl") and (context / name).is_file()
+    assert package_for_container(context) == name  # built once: the cache
+    assert len(list((tmp_path / "cache").rglob("*.whl"))) == 1
+    # installed from an index (no source tree beside the package): a pinned requirement
+    site = tmp_path / "site-packages" / "optuna_hpcnas"
+    site.mkdir(parents=True)
+    monkeypatch.setattr(optuna_hpcnas, "__file__", str(site / "__init__.py"))
+    monkeypatch.setattr(
+        "optuna_hpcnas.deploy._wheel.importlib.metadata.distribution",
+        lambda name: (_ for _ in ()).throw(importlib.metadata.PackageNotFoundError(name)),
+    )
+    assert package_for_container(context) == f"optuna-hpcnas=={optuna_hpcnas.__version__}"

@@ -35,6 +35,12 @@ def test_deploy_writes_every_file(deployed: Any) -> None:
     text = (out / "Dockerfile").read_text()
     assert f'"onnxruntime=={report.versions["onnxruntime"]}"' in text
     assert '"/models/digits", "--host", "0.0.0.0"' in text and '"--name", "digits"' in text
+    # a wheel of this optuna-hpcnas in the context, installed by the image: no index needed
+    (wheel,) = (p.name for p in out.glob("optuna_hpcnas-*.whl"))
+    assert wheel in report.files and f"COPY {wheel} /tmp/{wheel}" in text
+    import zipfile
+
+    assert "optuna_hpcnas/deploy/_serve.py" in zipfile.ZipFile(out / wheel).namelist()
     import yaml
 
     values = yaml.safe_load((out / "chart/values.yaml").read_text())
