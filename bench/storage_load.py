@@ -22,8 +22,8 @@ import tempfile
 
 import optuna
 
-from optuna_hpcnas.storages.testing import provision_backend
-from optuna_hpcnas.storages.testing import run_load_test
+from optuna_hpcnas.testing.storages import provision_backend
+from optuna_hpcnas.testing.storages import run_load_test
 
 # The journal file (no server) first: it is the peer every other row is compared with.
 BACKENDS = ("journal-file", "postgresql", "mysql", "journal-redis", "grpc")

@@ -18,9 +18,9 @@ import argparse
 from pathlib import Path
 import tempfile
 
-from optuna_hpcnas.storages.outage_testing import PostgresServer
-from optuna_hpcnas.storages.outage_testing import RedisServer
-from optuna_hpcnas.storages.outage_testing import run_outage_scenario
+from optuna_hpcnas.testing.outages import PostgresServer
+from optuna_hpcnas.testing.outages import RedisServer
+from optuna_hpcnas.testing.outages import run_outage_scenario
 
 SERVERS = {"postgresql": PostgresServer, "journal-redis": RedisServer}
 # (outage seconds, [storage] outage_tolerance_s)

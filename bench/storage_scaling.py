@@ -37,7 +37,7 @@ import optuna
 
 from optuna_hpcnas.storages import describe_storage
 from optuna_hpcnas.storages import open_storage
-from optuna_hpcnas.storages.testing import provision_backend
+from optuna_hpcnas.testing.storages import provision_backend
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 

@@ -90,7 +90,7 @@ STORAGES_RECOVERED = "hpcnas:storages:recovered"
 # The number of the one retry of a failed trial (``None``: max_retry reached), written in the
 # same transaction as the failure and the retry on RDB storages.
 STORAGES_RETRY = "hpcnas:storages:retry"
-# Load test (optuna_hpcnas.storages.testing), trial user attributes: which worker ran the
+# Load test (optuna_hpcnas.testing.storages), trial user attributes: which worker ran the
 # trial, and the number the worker saw (checked against the stored one).
 LOADTEST_WORKER = "load_worker"
 LOADTEST_NUMBER = "load_number"

@@ -103,6 +103,16 @@ def test_imports_run_one_way_between_every_room() -> None:
                        for m in _imports(path)), path  # fmt: skip
 
 
+def test_the_storages_stand_below_the_samplers_and_the_ranks() -> None:
+    """The storage layer opens, leases and recovers; the harnesses that drive samplers and
+    ranks against it live in ``optuna_hpcnas.testing``, and nothing else imports those."""
+    graph = _room_graph()
+    storages = graph.get("optuna_hpcnas.storages", {})
+    assert not {"optuna_hpcnas.samplers", "optuna_hpcnas.distributed"} & set(storages), storages
+    users = [room for room, edges in graph.items() if "optuna_hpcnas.testing" in edges]
+    assert users == [], users
+
+
 def test_the_group_loop_keeps_the_loop_and_the_messages() -> None:
     """``GroupLoop`` <= 150 lines and <= 10 attributes: the leader's storage calls belong to
     its ``LeaderQueue``."""

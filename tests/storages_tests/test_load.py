@@ -10,9 +10,9 @@ import pytest
 
 from optuna_hpcnas import _keys
 from optuna_hpcnas import HierarchicalSearchSpace
-from optuna_hpcnas.storages.testing import architecture_score
-from optuna_hpcnas.storages.testing import check_load_study
-from optuna_hpcnas.storages.testing import run_load_test
+from optuna_hpcnas.testing.storages import architecture_score
+from optuna_hpcnas.testing.storages import check_load_study
+from optuna_hpcnas.testing.storages import run_load_test
 
 from .conftest import backend_url
 

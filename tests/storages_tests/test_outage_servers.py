@@ -23,11 +23,11 @@ from optuna_hpcnas.config import config_from_dict
 from optuna_hpcnas.run._calls import StudyCalls
 from optuna_hpcnas.storages import EXIT_STORAGE_UNAVAILABLE
 from optuna_hpcnas.storages import open_storage
-from optuna_hpcnas.storages.outage_testing import OutageResult
-from optuna_hpcnas.storages.outage_testing import postgres_bin
-from optuna_hpcnas.storages.outage_testing import PostgresServer
-from optuna_hpcnas.storages.outage_testing import RedisServer
-from optuna_hpcnas.storages.outage_testing import run_outage_scenario
+from optuna_hpcnas.testing.outages import OutageResult
+from optuna_hpcnas.testing.outages import postgres_bin
+from optuna_hpcnas.testing.outages import PostgresServer
+from optuna_hpcnas.testing.outages import RedisServer
+from optuna_hpcnas.testing.outages import run_outage_scenario
 from tests.conftest import _skip_or_fail
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]

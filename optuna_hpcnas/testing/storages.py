@@ -11,7 +11,7 @@ architecture; it also counts architectures evaluated twice while unseen ones rem
 
 Used by ``tests/storages_tests`` (small sizes, every backend) and ``bench/storage_load.py``
 (16 x 50 with EvolutionarySampler, 8 x 20 with QUBOSampler). A testing helper like
-``optuna.testing``: it imports the samplers, which the rest of this package never does.
+``optuna.testing``: it imports the samplers, which the storages never do.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ search and brings it back, then ``hpcnas resume`` when the run gave up, and coun
 lost or done twice.
 
 Used by the outage tests (``tests/storages_tests/test_outage_servers.py``) and
-``bench/storage_outage.py``. A testing helper like ``optuna_hpcnas.storages.testing``:
+``bench/storage_outage.py``. A testing helper like ``optuna_hpcnas.testing.storages``:
 nothing else in the package imports it.
 
 Example:
