@@ -42,7 +42,18 @@ def _storage(url: str, config: RunConfig) -> str | optuna.storages.BaseStorage:
         heartbeat_interval=c.heartbeat_interval,
         grace_period=c.grace_period,
         max_retry=c.max_retry,
+        # a frozen Redis answers no call past a quarter of the tolerance: the outage window
+        # then decides, and the run exits 75 within the tolerance instead of hanging
+        call_timeout=call_timeout(config),
     )
+
+
+def call_timeout(config: RunConfig) -> float:
+    """Seconds one storage call may wait for an answer: a quarter of ``[storage]
+    outage_tolerance_s`` (at least 1 s, at most ``CALL_TIMEOUT_S``)."""
+    from optuna_hpcnas.storages._open import CALL_TIMEOUT_S
+
+    return min(CALL_TIMEOUT_S, max(1.0, config.storage.outage_tolerance_s / 4))
 
 
 def grace_period(config: RunConfig) -> float:

@@ -29,7 +29,9 @@ import time
 from typing import Any
 from typing import TYPE_CHECKING
 from typing import TypeVar
+from urllib.parse import parse_qs
 from urllib.parse import urlsplit
+from urllib.parse import urlunsplit
 import warnings
 
 from optuna_hpcnas._validation import check_heartbeat
@@ -49,6 +51,10 @@ _JOURNAL_PROBE_BYTES = 1 << 16
 # Connection waits when opening a server storage, so a stopped server is reported, not waited
 # for forever (gRPC's channel would).
 _CONNECT_TIMEOUT_S = 10.0
+# The longest one call to a Redis server may wait for its answer: a frozen server (stopped,
+# swapping, partitioned) then raises a timeout, which the outage window handles, instead of
+# hanging the call for good.
+CALL_TIMEOUT_S = 30.0
 
 _KIND_NAMES = {
     "sqlite": "SQLite",
@@ -92,6 +98,7 @@ def open_storage(
     grace_period: int | None = None,
     max_retry: int | None = None,
     connect_timeout: float = _CONNECT_TIMEOUT_S,
+    call_timeout: float = CALL_TIMEOUT_S,
     must_exist: bool = False,
 ) -> optuna.storages.BaseStorage:
     """Open the storage a URL or path names (see the module docstring for the spellings).
@@ -108,6 +115,9 @@ def open_storage(
         max_retry: How often such a trial is re-queued (``None``: Optuna's default, without
             limit). Only with ``heartbeat_interval``.
         connect_timeout: Seconds to wait for a Redis server or a gRPC proxy to answer.
+        call_timeout: Seconds one call to a Redis server may wait for its answer (a
+            ``socket_timeout`` added to the URL unless it has one); a frozen server then
+            raises ``redis.exceptions.TimeoutError`` instead of hanging the caller.
         must_exist: Refuse a SQLite or journal file that does not exist yet (a reader never
             creates an empty storage).
 
@@ -133,10 +143,11 @@ def open_storage(
             f"`grace_period` is {grace_period!r} and `max_retry` is {max_retry!r}, but they "
             "need a `heartbeat_interval`."
         )
-    if isinstance(connect_timeout, bool) or not isinstance(connect_timeout, int | float):
-        raise TypeError(f"`connect_timeout` is {connect_timeout!r}, but must be a number.")
-    if not connect_timeout > 0:
-        raise ValueError(f"`connect_timeout` is {connect_timeout}, but must be > 0.")
+    for label, seconds in (("connect_timeout", connect_timeout), ("call_timeout", call_timeout)):
+        if isinstance(seconds, bool) or not isinstance(seconds, int | float):
+            raise TypeError(f"`{label}` is {seconds!r}, but must be a number.")
+        if not seconds > 0:
+            raise ValueError(f"`{label}` is {seconds}, but must be > 0.")
     if heartbeat_interval is not None:
         # Validated before anything touches a file or a server.
         try:
@@ -146,7 +157,7 @@ def open_storage(
     if must_exist:
         _check_exists(url, kind)
     if kind == "journal-redis":
-        return _open_redis(url, float(connect_timeout))
+        return _open_redis(url, float(connect_timeout), float(call_timeout))
     if kind == "grpc":
         return _open_grpc(url, float(connect_timeout))
     if kind == "journal-file":
@@ -511,7 +522,17 @@ def _open_journal_file(url: str) -> optuna.storages.BaseStorage:
 # ------------------------------------------------------------------ Redis journal
 
 
-def _open_redis(url: str, timeout: float) -> optuna.storages.BaseStorage:
+def with_socket_timeout(url: str, seconds: float) -> str:
+    """``url`` with ``socket_timeout=seconds`` in its query, unless it names one already
+    (redis-py reads it from the URL)."""
+    parts = urlsplit(url)
+    if "socket_timeout" in parse_qs(parts.query):
+        return url
+    query = "&".join(q for q in (parts.query, f"socket_timeout={seconds:g}") if q)
+    return urlunsplit(parts._replace(query=query))
+
+
+def _open_redis(url: str, timeout: float, call_timeout: float) -> optuna.storages.BaseStorage:
     try:
         import redis
     except ImportError:
@@ -533,7 +554,8 @@ def _open_redis(url: str, timeout: float) -> optuna.storages.BaseStorage:
         raise _error(url, f"Redis server not reachable: {e}") from None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        return optuna.storages.JournalStorage(JournalRedisBackend(url))
+        backend = JournalRedisBackend(with_socket_timeout(url, call_timeout))
+        return optuna.storages.JournalStorage(backend)
 
 
 # ------------------------------------------------------------------ gRPC proxy

@@ -28,6 +28,7 @@ import os
 from pathlib import Path
 import pwd
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -196,6 +197,17 @@ class RedisServer(_Server):
         except OSError:
             return False
 
+    def freeze(self) -> None:
+        """SIGSTOP: the server holds its connections open and answers nothing, as a frozen
+        host or a network partition does (the kernel still accepts and acknowledges)."""
+        assert self._proc is not None, "the server is not running"
+        self._proc.send_signal(signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        """SIGCONT after ``freeze``."""
+        assert self._proc is not None, "the server is not running"
+        self._proc.send_signal(signal.SIGCONT)
+
     def stop(self) -> None:
         """SIGTERM: clients are cut; the append-only file keeps every write."""
         if self._proc is not None:
@@ -205,6 +217,7 @@ class RedisServer(_Server):
 
     def close(self) -> None:
         if self._proc is not None:
+            self._proc.send_signal(signal.SIGCONT)  # a frozen server dies on SIGKILL too
             self._proc.kill()
             self._proc.wait(timeout=60)
             self._proc = None
@@ -377,10 +390,12 @@ def run_outage_scenario(
     stop_after: int = 2,
     timeout: float = 300.0,
     sections: dict[str, dict[str, Any]] | None = None,
+    freeze: bool = False,
 ) -> OutageResult:
-    """``hpcnas run`` on ``server`` (started), the server stopped once ``stop_after`` trials
-    are finished and started again ``outage_s`` later; ``hpcnas resume`` after a run that
-    did not finish (once the trials it held are past their grace period)."""
+    """``hpcnas run`` on ``server`` (started), the server stopped (``freeze``: frozen with
+    SIGSTOP, a Redis server only) once ``stop_after`` trials are finished and started again
+    (thawed) ``outage_s`` later; ``hpcnas resume`` after a run that did not finish (once the
+    trials it held are past their grace period)."""
     config = write_outage_config(
         workdir, server.url, n_trials=n_trials, tolerance_s=tolerance_s, sections=sections
     )
@@ -391,12 +406,20 @@ def run_outage_scenario(
         if run.poll() is not None or time.monotonic() > deadline:
             raise RuntimeError(f"the run ended before the outage: {run.wait(1)[1]}")
         time.sleep(0.2)
-    server.stop()
+    if freeze:
+        assert isinstance(server, RedisServer), "only a RedisServer freezes"
+        server.freeze()
+    else:
+        server.stop()
     stopped = time.monotonic()
     while time.monotonic() - stopped < outage_s:
         run.poll()
         time.sleep(0.05)
-    server.start()
+    if freeze:
+        assert isinstance(server, RedisServer)
+        server.thaw()
+    else:
+        server.start()
     back_wall = datetime.datetime.now()
     outage = time.monotonic() - stopped
     status, output = run.wait(max(1.0, deadline - time.monotonic()))

@@ -76,15 +76,17 @@ def _check_ridden_out(result: OutageResult, ranks: int) -> None:
     assert result.resume_after_s is not None and result.resume_after_s < 15, out
 
 
-def _check_gave_up_then_resumed(result: OutageResult, ranks: int) -> None:
+def _check_gave_up_then_resumed(result: OutageResult, ranks: int, tolerance: int = 3) -> None:
     out = result.output[-3000:]
     assert result.exit_status == EXIT_STORAGE_UNAVAILABLE, out
     _check_clean(result, ranks)
     assert len(result.lines("is back after")) == 0, out
     errors = result.lines("hpcnas run: error: storage")
     assert len(errors) == ranks, out  # one line per rank, naming the storage
-    assert all("outage_tolerance_s = 3" in line and "hpcnas resume" in line for line in errors)
-    assert result.stop_to_exit_s < 3 + 30, out  # within 30 s of the end of the window
+    assert all(
+        f"outage_tolerance_s = {tolerance}" in line and "hpcnas resume" in line for line in errors
+    )
+    assert result.stop_to_exit_s < tolerance + 30, out  # within 30 s of the end of the window
     assert result.resumed is not None and result.resumed[0] == 0, result.resumed
     assert "Traceback" not in result.resumed[1]
     assert (result.finished, result.left, result.lost, result.duplicated) == (N_TRIALS, 0, 0, 0)
@@ -122,6 +124,20 @@ def test_redis_journal_outage_past_the_window_exits_75_and_resume_finishes(
         redis_server, tmp_path, ranks=1, outage_s=7, tolerance_s=3, n_trials=N_TRIALS
     )
     _check_gave_up_then_resumed(result, 1)
+
+
+def test_a_frozen_redis_past_the_window_exits_75_and_resume_finishes(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """SIGSTOP: the server keeps its connections and answers nothing. Every call gives up
+    after a quarter of the tolerance (the URL's socket_timeout), so the run exits 75 instead
+    of hanging for good."""
+    result = run_outage_scenario(
+        redis_server, tmp_path, ranks=1, outage_s=12, tolerance_s=4, n_trials=N_TRIALS,
+        freeze=True,
+    )  # fmt: skip
+    assert result.stop_to_exit_s < 11, result.output[-3000:]  # within the freeze
+    _check_gave_up_then_resumed(result, 1, tolerance=4)
 
 
 # ---------------------------------------------------------------------------- heartbeats
