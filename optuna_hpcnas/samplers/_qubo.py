@@ -43,9 +43,9 @@ from optuna.trial import FrozenTrial
 from optuna.trial import TrialState
 
 from optuna_hpcnas import _keys
-from optuna_hpcnas._records import process_constraints_after_trial
 from optuna_hpcnas._validation import check_int
 from optuna_hpcnas.samplers import _proposals
+from optuna_hpcnas.samplers._base import ArchitectureSampler
 from optuna_hpcnas.samplers._independent import PerTrialRandomSampler
 from optuna_hpcnas.samplers._ranking import constraint_target
 from optuna_hpcnas.samplers._ranking import feasibility_keys
@@ -253,7 +253,7 @@ def parego_scalarise(values: np.ndarray, rng: np.random.Generator) -> list[float
     return [float(v) for v in weighted.max(axis=1) + PAREGO_RHO * weighted.sum(axis=1)]
 
 
-class QUBOSampler(BaseSampler):
+class QUBOSampler(ArchitectureSampler):
     """Surrogate-to-QUBO search with simulated annealing for small discrete spaces.
 
     Combines FMQA (factorization machine + annealing) and BOCS (Bayesian second-order model
@@ -783,21 +783,9 @@ class QUBOSampler(BaseSampler):
         except ValueError:  # the draw finds no code feasible: leave the BQM as it is
             return problem
 
-    def sample_independent(
-        self,
-        study: optuna.Study,
-        trial: FrozenTrial,
-        param_name: str,
-        param_distribution: BaseDistribution,
-    ) -> Any:
+    def _check_independent(self, param_name: str, param_distribution: BaseDistribution) -> None:
         if isinstance(param_distribution, FloatDistribution) and self._float_grid is None:
             _slots(param_name, param_distribution, None)  # raises the float error
-        found, value = self._late.value(
-            trial, param_name, param_distribution, lambda: self._late_proposal(study, trial)
-        )
-        if found:
-            return value
-        return self._independent.sample_independent(study, trial, param_name, param_distribution)
 
     def _late_proposal(self, study: optuna.Study, trial: FrozenTrial) -> dict[str, Any] | None:
         """A whole proposal for a trial that started before the study recorded its
@@ -805,18 +793,3 @@ class QUBOSampler(BaseSampler):
         if self._hierarchical_space(study) is None:
             return None
         return self.sample_relative(study, trial, self.infer_relative_search_space(study, trial))
-
-    def before_trial(self, study: optuna.Study, trial: FrozenTrial) -> None:
-        self._independent.before_trial(study, trial)
-
-    def after_trial(
-        self,
-        study: optuna.Study,
-        trial: FrozenTrial,
-        state: TrialState,
-        values: Sequence[float] | None,
-    ) -> None:
-        if self._constraints_func is not None:
-            process_constraints_after_trial(self._constraints_func, study, trial, state)
-        self._late.forget(trial._trial_id)
-        self._independent.after_trial(study, trial, state, values)

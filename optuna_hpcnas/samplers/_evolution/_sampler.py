@@ -17,9 +17,9 @@ import numpy as np
 from optuna.samplers import BaseSampler
 
 from optuna_hpcnas import _keys
-from optuna_hpcnas._records import process_constraints_after_trial
 from optuna_hpcnas._validation import check_int
 from optuna_hpcnas.samplers import _proposals
+from optuna_hpcnas.samplers._base import ArchitectureSampler
 from optuna_hpcnas.samplers._evolution import _variation
 from optuna_hpcnas.samplers._evolution._cache import StudyCache
 from optuna_hpcnas.samplers._evolution._screening import Features
@@ -37,7 +37,6 @@ if TYPE_CHECKING:
     from optuna.distributions import BaseDistribution
     from optuna.study import Study
     from optuna.trial import FrozenTrial
-    from optuna.trial import TrialState
 
     from optuna_hpcnas.samplers._evolution._cache import Member
     from optuna_hpcnas.search_space import Architecture
@@ -78,7 +77,7 @@ def _check_bool(name: str, value: Any) -> bool:
     return value
 
 
-class EvolutionarySampler(BaseSampler):
+class EvolutionarySampler(ArchitectureSampler):
     """Aging (regularized) evolution (Real et al., 2019), steady-state and asynchronous.
 
     Each new trial takes the newest ``population_size`` finished trials as the population,
@@ -336,20 +335,6 @@ class EvolutionarySampler(BaseSampler):
             cache.update(trial.number, self._population_size)
             return dict(cache.intersection or {})
 
-    def sample_independent(
-        self,
-        study: Study,
-        trial: FrozenTrial,
-        param_name: str,
-        param_distribution: BaseDistribution,
-    ) -> Any:
-        found, value = self._late.value(
-            trial, param_name, param_distribution, lambda: self._late_proposal(study, trial)
-        )
-        if found:
-            return value
-        return self._independent.sample_independent(study, trial, param_name, param_distribution)
-
     def _late_proposal(self, study: Study, trial: FrozenTrial) -> dict[str, Any] | None:
         """A whole child for a trial that started before the study recorded its
         hierarchical space (see ``_proposals.LateProposals``); ``None`` without one."""
@@ -357,21 +342,6 @@ class EvolutionarySampler(BaseSampler):
             cache = self._cache(study)
             space = dict(cache.space_distributions or {})
         return self.sample_relative(study, trial, space) if space else None
-
-    def before_trial(self, study: Study, trial: FrozenTrial) -> None:
-        self._independent.before_trial(study, trial)
-
-    def after_trial(
-        self,
-        study: Study,
-        trial: FrozenTrial,
-        state: TrialState,
-        values: Sequence[float] | None,
-    ) -> None:
-        if self._constraints_func is not None:
-            process_constraints_after_trial(self._constraints_func, study, trial, state)
-        self._late.forget(trial._trial_id)
-        self._independent.after_trial(study, trial, state, values)
 
     # ------------------------------------------------------------------ sampling
     def sample_relative(
