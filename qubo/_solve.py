@@ -26,12 +26,15 @@ from dataclasses import field
 import math
 import time
 from typing import Any
+from typing import TYPE_CHECKING
 
-import dimod
 import numpy as np
 
 from qubo._bqm import QUBOProblem
 from qubo._surrogate import QuadraticModel
+
+if TYPE_CHECKING:
+    import dimod  # imported where it runs, so that `import qubo` stays numpy-only
 
 
 @dataclass(frozen=True)
@@ -72,6 +75,8 @@ def _beta_range(bqm: dimod.BinaryQuadraticModel) -> tuple[float, float]:
     formula of ``dwave.samplers.sa.sampler._default_ising_beta_range``, in numpy instead
     of a Python loop over the couplings)."""
     # A copy, not the ``bqm.spin`` view, whose vectors are read one bias at a time in Python.
+    import dimod
+
     vectors = bqm.change_vartype(dimod.SPIN, inplace=False).to_numpy_vectors()
     irow, icol, qdata = vectors.quadratic
     h, j = np.abs(vectors.linear_biases), np.abs(qdata)
