@@ -27,7 +27,6 @@ CONFIG = REPO / "examples" / "nas.toml"
 def api_worker(storage: str, trials: int) -> None:
     """The API path, written as a user writes it, with the values of examples/nas.toml."""
     import optuna
-    import torch
 
     from optuna_hpcnas import HierarchicalSearchSpace
     from optuna_hpcnas import SupernetObjective
@@ -35,7 +34,6 @@ def api_worker(storage: str, trials: int) -> None:
     from optuna_hpcnas.pruners import StagedPruner
     from optuna_hpcnas.samplers import EvolutionarySampler
 
-    torch.set_num_threads(1)
     config = load_config(CONFIG)  # the same numbers as the CLI run, read from the same file
     space = HierarchicalSearchSpace.preset("digits-small")
     objective = SupernetObjective(
@@ -45,6 +43,7 @@ def api_worker(storage: str, trials: int) -> None:
         plan=config.stages,
         config=config.objective,
         seed=config.training.supernet.seed,
+        threads=1,  # as the CLI run's training.threads=1
     )
     objective.train_supernet()
     study = optuna.create_study(

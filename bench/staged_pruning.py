@@ -142,6 +142,7 @@ def run(
             last_stage=last,
             stage_schedule=stage_schedule,
         ),
+        threads=None,  # set above
     )
     objective.train_supernet()
     candidates = sample_architectures(space, n_candidates, seed)

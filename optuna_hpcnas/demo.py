@@ -75,6 +75,7 @@ def _objective(
         ),
         config=ObjectiveConfig(latency_repeats=5, batch_size=32, optimizer="adam"),
         seed=seed,
+        threads=None,  # run_demo set them (--threads)
     )
 
 
