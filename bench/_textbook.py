@@ -113,7 +113,7 @@ def fit(
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
-            total += float(loss) * len(idx)
+            total += loss.item() * len(idx)
             steps += 1
         epoch_loss = total / len(x)
         plateau.step(epoch_loss)
