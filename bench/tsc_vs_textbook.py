@@ -234,6 +234,29 @@ def _table(results: dict[str, Any], sets: list[str], seeds: list[int]) -> str:
     return "\n".join(lines)
 
 
+def _seconds_table(results: dict[str, Any], sets: list[str], seeds: list[int]) -> str:
+    """Wall seconds each method took (mean over the seeds), and what (a) exported."""
+    lines = ["| set | " + " | ".join(f"{m} s" for m in METHODS) + " | (a) exported |"]
+    lines.append("|" + "---|" * (len(METHODS) + 2))
+    for name in sets:
+        cells = []
+        for method in METHODS:
+            walls = [
+                results[key]["wall"]
+                for seed in seeds
+                if (key := f"{name}/{seed}/{method}") in results
+            ]
+            cells.append(f"{sum(walls) / len(walls):,.0f}" if walls else "-")
+        picks = [
+            f"trial {r.get('exported_trial')}"
+            + (" (a published model within the margin)" if r.get("published_choice") else "")
+            for seed in seeds
+            if (r := results.get(f"{name}/{seed}/hpcnas")) is not None
+        ]
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {', '.join(picks) or '-'} |")
+    return "\n".join(lines)
+
+
 def _mean_se(values: list[float]) -> str:
     if not values:
         return "-"
@@ -251,7 +274,16 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, default=20.0, help="budget of each method")
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
     parser.add_argument("--out", default="bench/results/tsc_vs_textbook.json")
+    parser.add_argument(
+        "--table-only", action="store_true", help="print the table of --out, run nothing"
+    )
     args = parser.parse_args()
+    if args.table_only:
+        results = json.loads(Path(args.out).read_text())
+        print(f"test accuracy (%), {args.minutes:g} minutes per method, seeds {args.seeds}")
+        print(_table(results, args.sets, args.seeds))
+        print(_seconds_table(results, args.sets, args.seeds))
+        return
 
     import torch
 
@@ -281,6 +313,7 @@ def main() -> None:
     minutes = f"{args.minutes:g} minutes per method on 2 cores"
     print(f"\ntest accuracy (%), {minutes}, seeds {args.seeds}")
     print(_table(results, args.sets, args.seeds))
+    print(_seconds_table(results, args.sets, args.seeds))
 
 
 if __name__ == "__main__":
