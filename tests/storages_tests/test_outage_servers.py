@@ -89,7 +89,8 @@ def _check_gave_up_then_resumed(result: OutageResult, ranks: int, tolerance: int
     assert result.stop_to_exit_s < tolerance + 30, out  # within 30 s of the end of the window
     assert result.resumed is not None and result.resumed[0] == 0, result.resumed
     assert "Traceback" not in result.resumed[1]
-    assert (result.finished, result.left, result.lost, result.duplicated) == (N_TRIALS, 0, 0, 0)
+    counts = (result.finished, result.left, result.lost, result.duplicated)
+    assert counts == (result.n_trials, 0, 0, 0)
 
 
 # Each backend both ways, each way in one process and under mpirun (four runs, not eight:
@@ -111,8 +112,10 @@ def test_redis_journal_outage_of_10s_is_ridden_out_under_mpirun(
 def test_postgresql_outage_past_the_window_exits_75_under_mpirun_and_resume_finishes(
     postgres: PostgresServer, tmp_path: Path
 ) -> None:
+    # a budget the two ranks cannot finish before the stop, even on a loaded machine where
+    # the stop comes late: both leaders must meet the outage
     result = run_outage_scenario(
-        postgres, tmp_path, ranks=2, outage_s=7, tolerance_s=3, n_trials=N_TRIALS
+        postgres, tmp_path, ranks=2, outage_s=7, tolerance_s=3, n_trials=3 * N_TRIALS
     )
     _check_gave_up_then_resumed(result, 2)
 
