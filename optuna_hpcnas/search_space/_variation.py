@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from collections.abc import Mapping
 from collections.abc import Sequence
 import itertools
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -37,23 +38,19 @@ class SpaceVariation:
     _micro_batch_sizes: tuple[int, ...]
     _max_ranks: int | None
 
-    def _active(self, decision: Decision, values: Mapping[str, Choice]) -> bool:
-        raise NotImplementedError
+    if TYPE_CHECKING:  # defined by HierarchicalSearchSpace; declared here for the checker
 
-    def _cell(self, op: Choice, micro: Mapping[str, Choice]) -> CellConfig:
-        raise NotImplementedError
+        def _active(self, decision: Decision, values: Mapping[str, Choice]) -> bool: ...
 
-    def _architecture(self, values: Mapping[str, Choice]) -> Architecture:
-        raise NotImplementedError
+        def _cell(self, op: Choice, micro: Mapping[str, Choice]) -> CellConfig: ...
 
-    def _values(self, arch: Architecture) -> dict[str, Choice]:
-        raise NotImplementedError
+        def _architecture(self, values: Mapping[str, Choice]) -> Architecture: ...
 
-    def from_params(self, params: Mapping[str, object]) -> Architecture:
-        raise NotImplementedError
+        def _values(self, arch: Architecture) -> dict[str, Choice]: ...
 
-    def is_feasible(self, arch: Architecture) -> bool:
-        raise NotImplementedError
+        def from_params(self, params: Mapping[str, object]) -> Architecture: ...
+
+        def is_feasible(self, arch: Architecture) -> bool: ...
 
     # ------------------------------------------------------------------ counting
     def _cell_configs(self) -> list[dict[str, Choice]]:
