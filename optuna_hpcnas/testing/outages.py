@@ -406,20 +406,18 @@ def run_outage_scenario(
         if run.poll() is not None or time.monotonic() > deadline:
             raise RuntimeError(f"the run ended before the outage: {run.wait(1)[1]}")
         time.sleep(0.2)
-    if freeze:
-        assert isinstance(server, RedisServer), "only a RedisServer freezes"
-        server.freeze()
+    if not freeze:
+        pause, resume = server.stop, server.start
+    elif isinstance(server, RedisServer):
+        pause, resume = server.freeze, server.thaw
     else:
-        server.stop()
+        raise TypeError("only a RedisServer freezes")
+    pause()
     stopped = time.monotonic()
     while time.monotonic() - stopped < outage_s:
         run.poll()
         time.sleep(0.05)
-    if freeze:
-        assert isinstance(server, RedisServer)
-        server.thaw()
-    else:
-        server.start()
+    resume()
     back_wall = datetime.datetime.now()
     outage = time.monotonic() - stopped
     status, output = run.wait(max(1.0, deadline - time.monotonic()))
