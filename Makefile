@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 export PATH := $(abspath $(BIN)):$(PATH)
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: test lint typecheck pytest clean
+.PHONY: test lint typecheck docs pytest clean
 
 $(STAMP): pyproject.toml constraints-cpu.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml constraints-cpu.txt
 	$(BIN)/python -m pip install -q -c constraints-cpu.txt -e '.[all,dev]'
 	touch $(STAMP)
 
-test: lint typecheck pytest
+test: lint typecheck docs pytest
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
@@ -24,8 +24,15 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy optuna_hpcnas qubo
 
+# The documentation site into site/; a warning (a broken link, anchor or API reference) fails.
+docs: $(STAMP)
+	$(BIN)/mkdocs build --strict
+
+# Three workers on two cores: many tests wait on subprocesses, servers and MPI ranks. One
+# worker per test file (--dist loadfile) keeps each module's servers and fixtures shared.
+PYTEST_WORKERS ?= 3
 pytest: $(STAMP)
-	$(BIN)/python -m pytest tests
+	$(BIN)/python -m pytest tests -n $(PYTEST_WORKERS) --dist loadfile --durations=25
 
 clean:
 	rm -rf $(VENV) build *.egg-info .mypy_cache .ruff_cache .pytest_cache

@@ -613,7 +613,7 @@ def non_domination_ranks(losses: np.ndarray) -> np.ndarray:
     minimised), by Optuna's fast non-dominated sort, the one NSGA-II and ``study.best_trials``
     use. Equal rows share a rank.
 
-    Example:
+    Examples:
         >>> import numpy as np
         >>> non_domination_ranks(np.array([[0.0, 1.0], [1.0, 0.0], [1.0, 1.0]])).tolist()
         [0, 0, 1]

@@ -697,7 +697,7 @@ def load_config(
         ConfigError: A missing or unreadable file, invalid TOML, an unknown table, key or
             value (with the allowed ones).
 
-    Example:
+    Examples:
         >>> import tempfile, pathlib
         >>> p = pathlib.Path(tempfile.mkdtemp()) / "nas.toml"
         >>> _ = p.write_text('[study]\\nn_trials = 4\\n[distributed]\\ngroup_size = 2\\n')

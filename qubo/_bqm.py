@@ -130,7 +130,7 @@ class QUBOProblem:
         forbidden: Bit combinations (one or two bit positions) that must not all be set.
         budgets: Linear resource budgets.
 
-    Example:
+    Examples:
         >>> from qubo import OneHotEncoding, QuadraticModel
         >>> import numpy as np
         >>> problem = QUBOProblem(OneHotEncoding(["a", "b"], [[0, 1], [0, 1, 2]]))

@@ -20,7 +20,7 @@ class OneHotEncoding:
         names: One name per group.
         groups: The values of each group, in bit order.
 
-    Example:
+    Examples:
         >>> enc = OneHotEncoding(["op", "k"], [["conv", "pool"], [3, 5, 7]])
         >>> enc.encode(["pool", 5]).tolist()
         [0, 1, 0, 1, 0]

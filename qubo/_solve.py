@@ -116,7 +116,7 @@ def annealing_schedule(
     the whole schedule within their noise, also 16 times colder, and 32 times colder they
     began to rise.
 
-    Example:
+    Examples:
         >>> import dimod
         >>> bqm = dimod.BinaryQuadraticModel({0: 1.0, 1: -0.5}, {(0, 1): 2.0}, 0.0, "BINARY")
         >>> full, short = annealing_schedule(bqm, hot_start=1.0), annealing_schedule(bqm)
@@ -193,7 +193,7 @@ def solve(
 ) -> Solution:
     """Build the BQM of ``model``, sample it and decode.
 
-    Example:
+    Examples:
         >>> import numpy as np
         >>> from qubo import OneHotEncoding, QUBOProblem, QuadraticModel
         >>> problem = QUBOProblem(OneHotEncoding(["a", "b"], [[0, 1, 2], [0, 1]]))

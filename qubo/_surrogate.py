@@ -28,7 +28,7 @@ import numpy as np
 class QuadraticModel:
     """``offset + linear @ x + x @ quadratic @ x`` with ``quadratic`` strictly upper triangular.
 
-    Example:
+    Examples:
         >>> import numpy as np
         >>> m = QuadraticModel(np.array([1.0, -2.0]), np.array([[0.0, 3.0], [0.0, 0.0]]))
         >>> m.energy(np.array([[1, 1], [0, 1]])).tolist()
@@ -120,7 +120,7 @@ class BayesianQuadratic(Surrogate):
         pairwise_share_grid: Candidate shares of the prior signal variance carried by the
             pairwise terms.
 
-    Example:
+    Examples:
         >>> import numpy as np
         >>> rng = np.random.default_rng(0)
         >>> x = rng.integers(0, 2, size=(30, 6))
@@ -285,7 +285,7 @@ class FactorizationMachine(Surrogate):
         l2: Weight decay of the linear and factor weights.
         bootstrap: Refit on a bootstrap resample for every draw (exploration).
 
-    Example:
+    Examples:
         >>> import numpy as np
         >>> rng = np.random.default_rng(0)
         >>> x = rng.integers(0, 2, size=(40, 5))

@@ -246,7 +246,7 @@ class CheckpointManager:
         config: Chain length (``full_every``), retention (``keep_chains``), zstd level and shard
             size come from here.
 
-    Example:
+    Examples:
         .. code-block:: python
 
             manager = CheckpointManager(study=study, artifact_store=store)

@@ -46,7 +46,7 @@ def heartbeat_storage(
     :class:`optuna.storages.RetryHeartbeatStaleTrialCallback`. Built by the storage room's
     one RDB constructor (``optuna_hpcnas.storages.rdb_storage``), as ``open_storage`` builds it.
 
-    Example:
+    Examples:
         .. code-block:: python
 
             config = CheckpointConfig(heartbeat_interval=30)
@@ -135,7 +135,7 @@ class PreemptionGuard:
             :meth:`check`, every group leader gives back its trial, and a rank exits once
             the leaders it waits for did (at most ``deadline / 2`` seconds).
 
-    Example:
+    Examples:
         .. code-block:: python
 
             with PreemptionGuard(checkpoint=save_now) as guard:

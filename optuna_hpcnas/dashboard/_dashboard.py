@@ -36,7 +36,7 @@ TRAJECTORY_PLOT_ID = "hpcnas-search-trajectory"
 def prepare_study(study: optuna.Study, metric_names: Sequence[str]) -> None:
     """Name the objectives (``study.set_metric_names``) unless they already have names.
 
-    Example:
+    Examples:
         >>> import optuna
         >>> study = optuna.create_study(directions=["maximize", "minimize"])
         >>> prepare_study(study, ["accuracy", "flops"])

@@ -59,7 +59,7 @@ def load_mnist1d_task(
     """MNIST-1D as ``(40, 1)`` sequences: the package's training set split into train and
     validation (stratified, ``validation_fraction``, fixed by ``seed``), its test set as test.
 
-    Example:
+    Examples:
         >>> data = load_mnist1d_task()  # doctest: +SKIP
         >>> data.input_shape, data.num_classes, data.sizes  # doctest: +SKIP
         ((40, 1), 10, (3200, 800, 1000))

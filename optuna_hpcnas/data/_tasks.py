@@ -31,7 +31,7 @@ DOMAINS = ("image", "sequence")
 class TaskData:
     """A classification task split into train / validation / test datasets.
 
-    Example:
+    Examples:
         >>> data = load_digits_task()
         >>> data.input_shape, data.num_classes, len(data.train) + len(data.valid) + len(data.test)
         ((1, 8, 8), 10, 1797)

@@ -61,7 +61,7 @@ def dockerfile(
             from the build context and installed, for images built without a package index
             that has optuna-hpcnas.
 
-    Example:
+    Examples:
         >>> text = dockerfile(model_dir_name="digits", onnxruntime_version="1.20.1")
         >>> "USER 10001" in text and "HEALTHCHECK" in text
         True
@@ -126,7 +126,7 @@ def probe_timeout_seconds(worst_wait_s: float, *, factor: float = 10.0) -> int:
     ``factor`` leaves room for a slower node than the one measured on; never below 2 s
     (Kubernetes' default of 1 s was what the probes had before they were measured).
 
-    Example:
+    Examples:
         >>> probe_timeout_seconds(0.05), probe_timeout_seconds(0.42)
         (2, 5)
     """
@@ -211,7 +211,7 @@ def helm_chart(
     Returns:
         File text by path relative to the chart directory.
 
-    Example:
+    Examples:
         >>> files = helm_chart(name="digits", image="registry.local/digits:1")
         >>> sorted(files)
         ['Chart.yaml', 'templates/deployment.yaml', 'templates/service.yaml', 'values.yaml']

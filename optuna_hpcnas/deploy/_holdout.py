@@ -24,7 +24,7 @@ def split_holdout(
     ``TensorDataset`` gives ``TensorDataset`` halves (the fast path of the training loops);
     any other ``(x, y)`` dataset gives ``Subset`` halves.
 
-    Example:
+    Examples:
         >>> import torch
         >>> from torch.utils.data import TensorDataset
         >>> data = TensorDataset(torch.zeros(100, 3), torch.arange(100) % 4)

@@ -61,7 +61,7 @@ def staged(out: str | Path) -> Iterator[Staging]:
     """A ``Staging`` in ``out`` (created); the staging directory is removed on exit, and
     ``out`` too when this call created it and nothing was committed to it.
 
-    Example:
+    Examples:
         >>> import tempfile
         >>> root = Path(tempfile.mkdtemp())
         >>> with staged(root / "deploy") as stage:

@@ -395,7 +395,7 @@ def deploy_model(
         DeploymentRefused: The FP32 accuracy is more than ``margin`` below ``estimate``, the
             export differs from torch, or the model does not run on ``target``.
 
-    Example:
+    Examples:
         >>> report = deploy_model(net, out="deploy", input_shape=(1, 8, 8),  # doctest: +SKIP
         ...                       calibration=data.train, holdout=holdout, estimate=0.97)
         >>> print(report.format_table())  # doctest: +SKIP

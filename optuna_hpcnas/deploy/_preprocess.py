@@ -56,7 +56,7 @@ def standardisation(
     """``(mean, std)`` as float32 arrays broadcasting over one sample, or ``None`` when the
     task records no standardisation (or the identity).
 
-    Example:
+    Examples:
         >>> mean, std = standardisation({"mean": 4.9, "std": 6.0}, (1, 8, 8))
         >>> mean.shape, float(std)
         ((), 6.0)

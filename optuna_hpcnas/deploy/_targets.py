@@ -50,7 +50,7 @@ def check_target(onnx_path: str | Path, target: str) -> list[str]:
     Returns:
         One message per problem; an empty list when the model fits the target.
 
-    Example:
+    Examples:
         >>> check_target("model.onnx", "npu-no-grouped")  # doctest: +SKIP
         ["node 'node_Conv_190' (Conv) has group=32: target 'npu-no-grouped' runs no grouped
         or depthwise convolutions"]

@@ -103,7 +103,7 @@ def assign_groups(placements: Sequence[Placement], group_size: int) -> list[int]
     a node whose rank count is not a multiple leaves one smaller group. Larger groups take
     whole nodes in order.
 
-    Example:
+    Examples:
         >>> p = [Placement(r, r // 4, r % 4) for r in range(8)]
         >>> assign_groups(p, 2)
         [0, 0, 1, 1, 2, 2, 3, 3]

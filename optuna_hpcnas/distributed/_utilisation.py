@@ -35,7 +35,7 @@ class UtilisationTracker:
     Args:
         clock: A monotonic clock (``time.perf_counter`` by default).
 
-    Example:
+    Examples:
         >>> tracker = UtilisationTracker()
         >>> with tracker.track("compute"):
         ...     _ = sum(range(1000))

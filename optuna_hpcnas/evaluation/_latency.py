@@ -41,7 +41,7 @@ class LatencyPredictor:
             ``lambda layer, shape: onnx_latency(layer, shape)`` from ``optuna_hpcnas.deploy``
             for INT8 onnxruntime latency.
 
-    Example:
+    Examples:
         >>> from optuna_hpcnas.deploy import onnx_latency  # doctest: +SKIP
         >>> predictor = LatencyPredictor(  # doctest: +SKIP
         ...     supernet, measure=lambda layer, shape: onnx_latency(layer, shape, repeats=20)

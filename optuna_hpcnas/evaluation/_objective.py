@@ -66,7 +66,7 @@ class SupernetObjective:
             ``"auto"`` its share of the usable CPUs (``OMP_NUM_THREADS`` when set; logged),
             a number, or ``None`` to leave torch's setting alone (a caller that set it).
 
-    Example:
+    Examples:
         >>> import optuna
         >>> from optuna_hpcnas import HierarchicalSearchSpace
         >>> from optuna_hpcnas.data import load_digits_task

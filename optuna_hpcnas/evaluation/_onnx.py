@@ -306,7 +306,7 @@ def onnx_latency(
     ``calibration`` the INT8 scales come from 32 standard-normal inputs: latency does not
     depend on the scales, only accuracy does.
 
-    Example:
+    Examples:
         >>> import torch
         >>> net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 10)).eval()
         >>> onnx_latency(net, (1, 8, 8), repeats=5) > 0

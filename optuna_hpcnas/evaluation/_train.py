@@ -77,7 +77,7 @@ def train_from_scratch(
     (one sample), ``params``, ``latency_s`` (median forward of one sample, ``nan`` when
     ``latency_repeats`` is 0), ``train_seconds``, ``steps`` and ``batch_size``.
 
-    Example:
+    Examples:
         >>> from optuna_hpcnas import HierarchicalSearchSpace
         >>> from optuna_hpcnas.data import load_digits_task
         >>> space = HierarchicalSearchSpace.preset("digits-small")

@@ -47,7 +47,7 @@ def build_mpirun_command(
 ) -> tuple[list[str], dict[str, str]]:
     """``(argv, env)`` of an ``mpirun`` launch of the search; runs nothing.
 
-    Example:
+    Examples:
         >>> argv, env = build_mpirun_command(n_ranks=4)
         >>> " ".join(argv)
         'mpirun -n 4 python -m mpi4py -m optuna_hpcnas run --config nas.toml'

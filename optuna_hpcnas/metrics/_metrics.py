@@ -66,7 +66,7 @@ class SearchMetrics:
         registry: Registry to register the series in; a private one by default (so two
             instances never collide). Serve it with ``serve_metrics``.
 
-    Example:
+    Examples:
         >>> metrics = SearchMetrics()
         >>> metrics.trial_finished("COMPLETE", 2.5, rank=0)
         >>> metrics.observe_ask(0.004)
@@ -248,7 +248,7 @@ class MetricsCallback:
         rank: The rank this process evaluates on.
         refresh_seconds: Study-wide series are re-read from the storage at most this often.
 
-    Example:
+    Examples:
         >>> import optuna
         >>> metrics = SearchMetrics()
         >>> study = optuna.create_study()
@@ -297,7 +297,7 @@ class TimedSampler(BaseSampler):
     The time of ``infer_relative_search_space``, ``sample_relative``, ``sample_independent``
     and ``before_trial`` is summed per trial and observed when the trial ends.
 
-    Example:
+    Examples:
         >>> import optuna
         >>> metrics = SearchMetrics()
         >>> sampler = TimedSampler(optuna.samplers.RandomSampler(seed=0), metrics=metrics)

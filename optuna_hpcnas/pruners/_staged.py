@@ -92,7 +92,7 @@ class StagePlan:
             least 1): a quick way to shorten a whole plan.
         min_delta: Smallest change that counts as an improvement.
 
-    Example:
+    Examples:
         >>> plan = StagePlan(scale=0.1)
         >>> [(s.name, s.steps) for s in plan.stages]
         [('quick', 10), ('medium', 40), ('full', 200)]
@@ -216,7 +216,7 @@ class StagedPruner(BasePruner):
     (``StagedPruner.stage_reached(trial)``), the reason of a stop under
     ``optuna_hpcnas._keys.PRUNER_REASON``.
 
-    Example:
+    Examples:
         >>> import optuna
         >>> pruner = StagedPruner(StagePlan(scale=0.01))
         >>> study = optuna.create_study(direction="maximize", pruner=pruner)

@@ -33,7 +33,7 @@ class StorageThread:
     Args:
         tracker: The main thread's tracker; its waits are counted there.
 
-    Example:
+    Examples:
         >>> from optuna_hpcnas.distributed import UtilisationTracker
         >>> thread = StorageThread(UtilisationTracker())
         >>> thread.wait(thread.submit(sum, [1, 2, 3]))

@@ -305,7 +305,7 @@ class QUBOSampler(ArchitectureSampler):
     params, which other workers read before the trial suggests them) go to the trial system
     attribute ``hpcnas:qubo:info``.
 
-    Example:
+    Examples:
         >>> import optuna
         >>> from optuna_hpcnas.samplers import QUBOSampler
         >>> def objective(trial):

@@ -39,7 +39,7 @@ class Architecture:
     """A candidate network: macro topology, one ``CellConfig`` per cell, cluster layout, and
     (in spaces that search them) the stem and the head; ``None`` is the domain's default.
 
-    Example:
+    Examples:
         >>> arch = Architecture("residual", (CellConfig("conv3x3", width=16),), ClusterConfig())
         >>> Architecture.from_json(arch.to_json()) == arch
         True

@@ -61,7 +61,7 @@ def fit_to_input(space: HierarchicalSearchSpace, input_shape: Sequence[int]) -> 
     left with no stem or head gets the domain's plain one (``"none"``, ``"mean"``).
     Signals longer than ``MAX_POSITIONS`` are pooled by the supernet's stem (noted here).
 
-    Example:
+    Examples:
         >>> fit = fit_to_input(HierarchicalSearchSpace.preset("signal-1d"), (100, 6))
         >>> fit.space.stems
         ('none', 'embed')

@@ -174,7 +174,7 @@ class OperatorRegistry:
     Each registry is its own object (there is no global registry): pass it to
     ``HierarchicalSearchSpace(registry=...)`` and to ``SuperNet``.
 
-    Example:
+    Examples:
         >>> registry = OperatorRegistry.default()
         >>> registry.register(OperatorSpec("mbconv3x3", "mbconv", {"image"}, kernel=3,
         ...                                has_width=True, has_expansion=True))

@@ -107,7 +107,7 @@ class HierarchicalSearchSpace(SpaceVariation):
 
     A choice list with one value makes a constant, which is not suggested.
 
-    Example:
+    Examples:
         >>> import optuna
         >>> space = HierarchicalSearchSpace.preset("digits-small")
         >>> def objective(trial):
@@ -510,7 +510,7 @@ class HierarchicalSearchSpace(SpaceVariation):
         on a group this small it is the cheaper way to use the ranks). One rank leaves the
         layout constant, ``1 x 1``, and not suggested at all.
 
-        Example:
+        Examples:
             >>> space = HierarchicalSearchSpace.preset("signal-1d").fitting(2)
             >>> space.to_dict()["data_parallel"], space.to_dict()["pipeline_stages"]
             ([1, 2], [1])

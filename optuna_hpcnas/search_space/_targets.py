@@ -89,7 +89,7 @@ def target_names() -> tuple[str, ...]:
 def target_profile(name: str) -> TargetProfile:
     """The built-in profile called ``name``; an unknown name raises ``ValueError``.
 
-    Example:
+    Examples:
         >>> target_profile("npu-no-grouped").grouped_conv
         False
     """

@@ -36,7 +36,7 @@ def artifact_store_for(
         StorageError: ``artifact_store`` is ``None`` on a storage without tables, or names a
             path that is not a directory.
 
-    Example:
+    Examples:
         .. code-block:: python
 
             storage = open_storage("runs/nas.journal")

@@ -126,7 +126,7 @@ class TrialLease(_RenewalThread):
             is reported there (one line for the whole outage) and tried again at the next
             interval; renewals stop once the window has run out.
 
-    Example:
+    Examples:
         .. code-block:: python
 
             recover_expired_trials(study, grace_period=60, max_retry=3)
@@ -348,7 +348,7 @@ def recover_expired_trials(
             (at least the time from an ask to its lease; the lease grace period is fine).
         max_retry: Retries per original trial (``None``: unlimited, as Optuna's default).
 
-    Example:
+    Examples:
         .. code-block:: python
 
             # Before each ask of every worker, and once in `hpcnas resume`:

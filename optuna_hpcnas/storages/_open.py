@@ -124,7 +124,7 @@ def open_storage(
     Raises:
         StorageError: The storage cannot be opened (the message says why, password masked).
 
-    Example:
+    Examples:
         .. code-block:: python
 
             storage = open_storage("sqlite:///nas.db", heartbeat_interval=30, max_retry=3)

@@ -142,7 +142,7 @@ def is_connection_error(error: BaseException) -> bool:
     and ``TimeoutError``, gRPC ``UNAVAILABLE``, and the socket's own ``ConnectionError``.
     Optuna wraps RDB errors in ``StorageInternalError``: its causes are read too.
 
-    Example:
+    Examples:
         >>> is_connection_error(ConnectionRefusedError(111, "Connection refused"))
         True
         >>> is_connection_error(ValueError("Cannot tell a COMPLETE trial."))
@@ -156,7 +156,7 @@ class Backoff:
     """Capped exponential backoff with jitter: try ``n`` (0-based) waits a uniform draw in
     ``[min(cap, base * factor**n) / 2, min(cap, base * factor**n)]`` seconds.
 
-    Example:
+    Examples:
         >>> b = Backoff(base=0.1, cap=5.0)
         >>> rng = random.Random(0)
         >>> [round(b.delay(n, rng), 3) for n in range(3)]
@@ -210,7 +210,7 @@ class OutageWindow:
         clock: Monotonic seconds (tests).
         sleep: Waits between tries (tests).
 
-    Example:
+    Examples:
         >>> window = OutageWindow("sqlite:///nas.db", tolerance=120)
         >>> window.call(sum, [1, 2, 3])
         6

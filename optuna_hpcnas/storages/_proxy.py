@@ -87,7 +87,7 @@ def run_storage_proxy(
     Binds 127.0.0.1 unless told otherwise: the proxy has no authentication, so expose it only
     on a trusted network. Journal storages are refused (see :func:`start_storage_proxy`).
 
-    Example:
+    Examples:
         .. code-block:: console
 
             $ hpcnas storage-proxy --storage postgresql+psycopg://nas@db/optuna --host 0.0.0.0

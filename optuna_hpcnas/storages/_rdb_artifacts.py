@@ -132,7 +132,7 @@ class RDBArtifactStore:
         table_prefix: Prefix of the two tables (``<prefix>s`` and ``<prefix>_chunks``).
         engine_kwargs: Passed to :func:`sqlalchemy.create_engine` when ``storage`` is a URL.
 
-    Example:
+    Examples:
         .. code-block:: python
 
             import optuna

@@ -34,7 +34,7 @@ def out_of_space(error: BaseException) -> str | None:
     """``"<cause> (<detail>)"`` if ``error`` (or an error it was raised from) says that a disk
     is full or read-only, else ``None``.
 
-    Example:
+    Examples:
         >>> import errno
         >>> out_of_space(OSError(errno.ENOSPC, "No space left on device", "/ckpt/a.tmp"))
         'no space left on the device (/ckpt/a.tmp)'

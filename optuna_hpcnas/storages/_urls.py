@@ -12,7 +12,7 @@ _URL_PASSWORD = re.compile(r"(?P<head>[a-zA-Z][a-zA-Z0-9+.-]*://[^:/?#@\s]*:)(?P
 def mask_url(text: str) -> str:
     """Replace the password of every URL in ``text`` with ``***``.
 
-    Example:
+    Examples:
         >>> mask_url("postgresql+psycopg://nas:s3cret@db:5432/optuna")
         'postgresql+psycopg://nas:***@db:5432/optuna'
         >>> mask_url("sqlite:///nas.db")
@@ -27,7 +27,7 @@ def storage_kind(url: str) -> str:
     One of ``"sqlite"``, ``"postgresql"``, ``"mysql"`` (MariaDB included), ``"rdb"`` (another
     SQLAlchemy dialect), ``"journal-redis"``, ``"grpc"`` and ``"journal-file"``.
 
-    Example:
+    Examples:
         >>> storage_kind("postgresql+psycopg://nas:pw@db/optuna")
         'postgresql'
         >>> storage_kind("runs/nas.journal")
@@ -59,7 +59,7 @@ def sqlite_file(url: str) -> str | None:
     """The absolute path of the database file a SQLite URL names; ``None`` for other storages,
     in-memory databases (``sqlite://``, ``sqlite:///:memory:``) and ``file:`` URIs.
 
-    Example:
+    Examples:
         >>> sqlite_file("sqlite:////runs/nas.db?timeout=5")
         '/runs/nas.db'
         >>> sqlite_file("sqlite:///:memory:") is None

@@ -118,7 +118,7 @@ class FewShotSuperNet(nn.Module):
         parts: One ``SuperNet`` per choice, in the order of the decision's choices.
         decision: The decision the parts split.
 
-    Example:
+    Examples:
         >>> from optuna_hpcnas import HierarchicalSearchSpace
         >>> space = HierarchicalSearchSpace.preset("digits-small")
         >>> net = SuperNet(space, input_shape=(1, 8, 8), num_classes=10)

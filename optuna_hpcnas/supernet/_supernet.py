@@ -87,7 +87,7 @@ class SuperNet(nn.Module):
     Once-for-All): a cell of width ``w`` uses the first ``w`` output channels of its operator's
     weights; searched kernels use the centred window of the largest kernel.
 
-    Example:
+    Examples:
         >>> import torch
         >>> from optuna_hpcnas import HierarchicalSearchSpace
         >>> space = HierarchicalSearchSpace.preset("digits-small")

@@ -215,7 +215,7 @@ class SupernetTrainer:
         config: Training options.
         device: ``"cpu"`` or a CUDA device.
 
-    Example:
+    Examples:
         >>> from optuna_hpcnas import HierarchicalSearchSpace
         >>> from optuna_hpcnas.data import load_digits_task
         >>> space = HierarchicalSearchSpace.preset("digits-small")

@@ -9,7 +9,7 @@ Used by the outage tests (``tests/storages_tests/test_outage_servers.py``) and
 ``bench/storage_outage.py``. A testing helper like ``optuna_hpcnas.testing.storages``:
 nothing else in the package imports it.
 
-Example:
+Examples:
     .. code-block:: python
 
         with PostgresServer() as server:

@@ -55,15 +55,20 @@ def _ranks(pid: int) -> list[int]:
 
 
 def _two_groups_mid_trial(
-    tmp_path: Path, checkpoints: dict[str, object], objective: dict[str, object]
+    tmp_path: Path,
+    checkpoints: dict[str, object],
+    objective: dict[str, object],
+    n_trials: int = N_TRIALS,
 ) -> tuple[subprocess.Popen[str], str, Path, list[str], dict[str, str]]:
     """``hpcnas run`` on 2 ranks in 2 groups, returned once both groups run a trial:
-    the job, the storage URL, the config, the launch command and its environment."""
+    the job, the storage URL, the config, the launch command and its environment.
+    ``n_trials``: a budget long enough that the two are seen running together on a loaded
+    machine (a test that resumes to the end keeps it small)."""
     url = f"sqlite:///{tmp_path / 'sig.db'}"
     config = write_config(
         tmp_path / "nas.toml",
         tiny_config(
-            study={"name": "sig", "storage": url, "n_trials": N_TRIALS},
+            study={"name": "sig", "storage": url, "n_trials": n_trials},
             pruner={"name": "none"},
             data={"max_samples": 600},
             objective={"batch_size": 8, **objective},
@@ -168,10 +173,12 @@ def _world_rank(pid: int) -> int:
 @pytest.mark.mpi
 @pytest.mark.slow
 def test_signal_to_rank_0_alone_gives_back_every_group_trial(tmp_path: Path) -> None:
-    """Issue 23: rank 0 alone gets SIGTERM; rank 1 (the other group's leader) learns of it at
+    """Rank 0 alone gets SIGTERM; rank 1 (the other group's leader) learns of it at
     its next step, gives back its trial too, and the job exits 143: nothing RUNNING."""
     # a heartbeat of 60 s: the grace period would not give the trials back in the test
-    proc, url, _, _, _ = _two_groups_mid_trial(tmp_path, {"heartbeat_interval": 60}, {})
+    proc, url, _, _, _ = _two_groups_mid_trial(
+        tmp_path, {"heartbeat_interval": 60}, {}, n_trials=60
+    )
     time.sleep(0.5)  # both past their first steps
     rank0 = next(pid for pid in _ranks(proc.pid) if _world_rank(pid) == 0)
     sent = time.monotonic()

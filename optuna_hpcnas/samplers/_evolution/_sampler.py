@@ -162,7 +162,7 @@ class EvolutionarySampler(ArchitectureSampler):
             may give its share of the cores.
         seed: Seed of the random streams.
 
-    Example:
+    Examples:
         >>> import optuna
         >>> from optuna_hpcnas import HierarchicalSearchSpace
         >>> from optuna_hpcnas.samplers import EvolutionarySampler
