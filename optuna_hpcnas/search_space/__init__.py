@@ -15,6 +15,7 @@ from optuna_hpcnas.search_space._operators import OperatorSpec
 from optuna_hpcnas.search_space._presets import reference_models
 from optuna_hpcnas.search_space._presets import SIGNAL_1D_BASELINES
 from optuna_hpcnas.search_space._presets import SIGNAL_1D_PAPER_MODELS
+from optuna_hpcnas.search_space._presets import SIGNAL_ELASTIC_BASELINES
 from optuna_hpcnas.search_space._space import Decision
 from optuna_hpcnas.search_space._space import HierarchicalSearchSpace
 from optuna_hpcnas.search_space._space import Level
@@ -34,6 +35,7 @@ __all__ = [
     "OperatorRegistry",
     "OperatorSpec",
     "SIGNAL_1D_BASELINES",
+    "SIGNAL_ELASTIC_BASELINES",
     "SIGNAL_1D_PAPER_MODELS",
     "TargetProfile",
     "fit_to_input",

@@ -10,6 +10,13 @@
   cells; the raw, embedded or flattened signal as stem; mean or flatten head. The MNIST-1D
   paper's MLP, CNN and GRU are points of it (``SIGNAL_1D_PAPER_MODELS``), and so is the
   time-series classification baseline FCN (``SIGNAL_1D_BASELINES``).
+* ``signal-elastic`` — 1-D signals, nested for weight sharing (Once-for-All, BigNAS): every
+  cell a Conv1d-BatchNorm-ReLU of searched width, kernel and stride, or skipped (depth); chain
+  or residual; every subnet is a slice of the largest (the widest, deepest, largest kernels),
+  so the supernet's weights rank its subnets. The FCN and a ResNet-1D are points of it
+  (``SIGNAL_ELASTIC_BASELINES``).
+* ``digits-elastic`` — small images, nested the same way: 4 cells of 3x3 or 5x5 convolution of
+  width 16 or 32, or skipped; chain or residual (1,250 architectures, enumerable).
 """
 
 from __future__ import annotations
@@ -88,6 +95,31 @@ PRESETS: dict[str, dict[str, Any]] = {
         "micro_batch_sizes": (32, 64),
         "domain": "sequence",
     },
+    "signal-elastic": {
+        "num_cells": 6,
+        "operators": ("conv1d_bn", "identity"),
+        "topologies": ("chain", "residual"),
+        "stems": ("none",),
+        "heads": ("mean",),
+        "widths": (32, 64, 128),
+        "kernel_sizes": (3, 5, 7),
+        "strides": (1, 2),
+        "data_parallel": (1, 2),
+        "pipeline_stages": (1, 2),
+        "micro_batch_sizes": (32, 64),
+        "domain": "sequence",
+    },
+    "digits-elastic": {
+        "num_cells": 4,
+        "operators": ("conv", "identity"),
+        "topologies": ("chain", "residual"),
+        "widths": (16, 32),
+        "kernel_sizes": (3, 5),
+        "data_parallel": (1,),
+        "pipeline_stages": (1,),
+        "micro_batch_sizes": (64,),
+        "domain": "image",
+    },
 }
 
 # The models of Greydanus (2020), "Scaling down deep learning", Table 1, as parameters of the
@@ -163,10 +195,38 @@ SIGNAL_1D_BASELINES: dict[str, dict[str, Any]] = {
     },
 }
 
+
+def _elastic(topology: str, cells: list[tuple[int, int]]) -> dict[str, Any]:
+    """A ``signal-elastic`` point: ``(width, kernel)`` convolutions (stride 1), the rest of
+    the six cells skipped."""
+    params: dict[str, Any] = {"node.topology": topology, **_LAYOUT}
+    for i in range(6):
+        if i < len(cells):
+            width, kernel = cells[i]
+            params.update({
+                f"node.cell{i}.op": "conv1d_bn",
+                f"node.cell{i}.width": width,
+                f"node.cell{i}.kernel": kernel,
+                f"node.cell{i}.stride": 1,
+            })  # fmt: skip
+        else:
+            params[f"node.cell{i}.op"] = "identity"
+    return params
+
+
+# The FCN of Wang et al. 2017 (widths 128-256-128 capped at 128, its 8-wide kernel at 7) and a
+# ResNet-1D after the same paper's ResNet: two residual stages of kernels 7-5-3, widths 64 and
+# 128, a shortcut around every convolution (the paper's goes around every three).
+SIGNAL_ELASTIC_BASELINES: dict[str, dict[str, Any]] = {
+    "fcn": _elastic("chain", [(128, 7), (128, 5), (128, 3)]),
+    "resnet": _elastic("residual", [(64, 7), (64, 5), (64, 3), (128, 7), (128, 5), (128, 3)]),
+}
+
 # Published models of each preset, by name: ``[study] enqueue = ["cnn", "fcn"]`` starts a
 # search from them (``reference_models``).
 REFERENCE_MODELS: dict[str, dict[str, dict[str, Any]]] = {
-    "signal-1d": {**SIGNAL_1D_PAPER_MODELS, **SIGNAL_1D_BASELINES}
+    "signal-1d": {**SIGNAL_1D_PAPER_MODELS, **SIGNAL_1D_BASELINES},
+    "signal-elastic": SIGNAL_ELASTIC_BASELINES,
 }
 
 
