@@ -15,6 +15,16 @@ def steps_per_pass(data: Any, batch_size: int) -> int:
     return math.ceil(len(data.train) / batch_size)
 
 
+def parse_value(text: str) -> Any:
+    """A ``--set field=value`` value: an int, a float, a bool or the text itself."""
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return {"true": True, "false": False}.get(text.lower(), text)
+
+
 def sample_architectures(space: Any, n: int, seed: int) -> list[Any]:
     """``n`` distinct architectures drawn uniformly with ``seed``; the whole space, in
     enumeration order, when ``n`` is at least its size."""

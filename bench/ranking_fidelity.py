@@ -78,15 +78,6 @@ def load_task(task: str, seed: int) -> tuple[Any, Any]:
     return space, load_mnist1d_task(seed=seed)
 
 
-def parse_value(text: str) -> Any:
-    for cast in (int, float):
-        try:
-            return cast(text)
-        except ValueError:
-            pass
-    return {"true": True, "false": False}.get(text.lower(), text)
-
-
 def ground_truth(args: argparse.Namespace, space: Any, data: Any) -> dict[str, Any]:
     """The candidates and their stand-alone losses, read from the cache when it matches."""
     from _supernet_common import sample_architectures
@@ -212,6 +203,8 @@ def main() -> None:
     for name in ("supernet_epochs", "medium_lr"):
         if getattr(args, name) is None:
             setattr(args, name, task[name])
+    from _supernet_common import parse_value
+
     options = dict(item.split("=", 1) for item in args.set)
     options = {k: parse_value(v) for k, v in options.items()}
 

@@ -1,0 +1,151 @@
+"""Ranking fidelity of the supernet against a ground-truth table (``bench/ground_truth.py``),
+as a share of the table's own noise ceiling.
+
+One run trains one supernet on the table's space (``--set field=value`` adds any
+``SupernetTrainingConfig`` field: ``sandwich``, ``distillation``, ``progressive_epochs``,
+``few_shot``, ``bn_recalibration_batches``) and scores every architecture of the table:
+inherited (BatchNorm recalibrated, no fine-tuning), after a quick stage and after a medium stage
+of fine-tuning (``--quick-passes``, ``--medium-passes``; ``--inherited-only`` skips them). Each
+score is the validation log-loss; Kendall tau against the table's mean over seeds, overall and
+within the table's top 10 %, beside the noise ceiling (two disjoint halves of the seeds).
+Rows accumulate in ``bench/results/fidelity_truth_<task>.jsonl`` (ignored by git) and the
+table of every run so far is printed.
+
+    python bench/fidelity_vs_truth.py --task digits-elastic --label sandwich+kd \\
+        --set sandwich=true --set distillation=0.5
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+import sys
+import time
+from typing import Any
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _ground_truth import DATA
+from _ground_truth import ground_truth
+from _ground_truth import noise_ceiling
+from _ground_truth import read_table
+from _ground_truth import table_path
+from _ground_truth import taus
+from _supernet_common import parse_value
+from ground_truth import load_task
+from ground_truth import TASKS
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def score(args: argparse.Namespace, options: dict[str, Any]) -> dict[str, Any]:
+    """Train the supernet and score the table's architectures; one result row."""
+    from _supernet_common import FineTuning
+    from _supernet_common import steps_per_pass
+    from _supernet_common import train_supernet
+
+    from optuna_hpcnas.evaluation import evaluate
+    from optuna_hpcnas.search_space import Architecture
+
+    rows, meta = read_table(table_path(args.task, args.data_dir))
+    truth = ground_truth(rows)
+    space, data = load_task(args.task)
+    batch_size = TASKS[args.task]["batch_size"]
+    per_pass = steps_per_pass(data, batch_size)
+    cpu = time.process_time()
+    trainer = train_supernet(
+        space, data, epochs=args.supernet_epochs, paths=args.paths, seed=args.seed,
+        sampling=args.sampling, batch_size=batch_size, **options,
+    )  # fmt: skip
+    supernet_cpu = time.process_time() - cpu
+    cpu = time.process_time()
+    scores: dict[str, list[float]] = {"inherited": [], "quick": [], "medium": []}
+    for text in truth.archs:
+        model = trainer.calibrated_subnet(Architecture.from_json(text), data.train)
+        scores["inherited"].append(evaluate(model, data.valid)[1])
+        if args.inherited_only:
+            continue
+        tuning = FineTuning(model, data, seed=args.seed, batch_size=batch_size)
+        scores["quick"].append(tuning.stage(args.quick_passes * per_pass, 1e-3, anneal=False)[1])
+        medium = tuning.stage(args.medium_passes * per_pass, args.medium_lr, anneal=True)
+        scores["medium"].append(medium[1])
+    scoring_cpu = time.process_time() - cpu
+    return {
+        "label": args.label,
+        "options": options,
+        "supernet_epochs": args.supernet_epochs,
+        "paths": args.paths,
+        "sampling": args.sampling,
+        "seed": args.seed,
+        "table_hash": meta.get("content_hash"),
+        "taus": {stage: taus(values, truth) for stage, values in scores.items() if values},
+        "supernet_cpu_seconds": supernet_cpu,
+        "scoring_cpu_seconds": scoring_cpu,
+        "per_architecture_ms": 1000 * scoring_cpu / len(truth.archs),
+    }
+
+
+def print_table(task: str, truth: Any, meta: dict[str, Any], rows: list[dict[str, Any]]) -> None:
+    ceiling = noise_ceiling(truth)
+    print(
+        f"\nRanking fidelity on {task}: {len(truth.archs)} architectures x {len(truth.seeds)} "
+        f"seeds trained alone ({meta.get('passes')} passes); Kendall tau overall / within the "
+        f"top 10 %, and as a share of the noise ceiling ({ceiling[0]:.3f} / {ceiling[1]:.3f})"
+    )
+    header = f"{'remedy':<28} {'supernet':>9} {'ms/arch':>8}"
+    for stage in ("inherited", "quick", "medium"):
+        header += f" {stage:>22}"
+    print(header)
+    for row in rows:
+        line = (
+            f"{row['label']:<28} {row['supernet_cpu_seconds']:>8.0f}s "
+            f"{row['per_architecture_ms']:>8.0f}"
+        )
+        for stage in ("inherited", "quick", "medium"):
+            if stage not in row["taus"]:
+                line += f" {'-':>22}"
+                continue
+            overall, within = row["taus"][stage]
+            share = overall / ceiling[0] if ceiling[0] > 0 else float("nan")
+            line += f" {overall:>6.3f}/{within:>6.3f} ({share:>4.0%})"
+        print(line)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--task", choices=sorted(TASKS), default="digits-elastic")
+    parser.add_argument("--data-dir", type=Path, default=DATA)
+    parser.add_argument("--supernet-epochs", type=int, default=24)
+    parser.add_argument("--paths", type=int, default=4)
+    parser.add_argument("--sampling", default="uniform", choices=("uniform", "fair"))
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--quick-passes", type=int, default=1)
+    parser.add_argument("--medium-passes", type=int, default=4)
+    parser.add_argument("--medium-lr", type=float, default=3e-3)
+    parser.add_argument("--inherited-only", action="store_true")
+    parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE")
+    parser.add_argument("--label", default="one-shot")
+    parser.add_argument("--table-only", action="store_true", help="print the earlier runs")
+    args = parser.parse_args()
+    import torch
+
+    torch.set_num_threads(1)
+    options = {k: parse_value(v) for k, v in (item.split("=", 1) for item in args.set)}
+    path = RESULTS / f"fidelity_truth_{args.task}.jsonl"
+    if not args.table_only:
+        row = score(args, options)
+        RESULTS.mkdir(exist_ok=True)
+        with path.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+    rows_, meta = read_table(table_path(args.task, args.data_dir))
+    truth = ground_truth(rows_)
+    rows = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    rows = [r for r in rows if r.get("table_hash") == meta.get("content_hash")]
+    print_table(args.task, truth, meta, rows)
+
+
+if __name__ == "__main__":
+    main()

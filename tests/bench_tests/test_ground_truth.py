@@ -1,0 +1,127 @@
+"""The ground-truth tables of ``bench/``: written with a content hash that catches an edited
+row, a noise ceiling that tells a resolvable table from noise, the plateau rule, and a real
+(tiny) build that resumes where it stopped."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+import subprocess
+import sys
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+
+
+def _module(name: str) -> ModuleType:
+    sys.path.insert(0, str(BENCH))
+    try:
+        spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+        return module
+    finally:
+        sys.path.remove(str(BENCH))
+
+
+gt = _module("_ground_truth")
+
+
+def _rows(loss: np.ndarray) -> list[dict[str, Any]]:
+    """A table of ``loss[seed, arch]`` with the other columns filled in."""
+    return [
+        {
+            "arch_index": a,
+            "arch_json": f'{{"a": {a}}}',
+            "seed": s,
+            "valid_logloss": float(loss[s, a]),
+            "valid_accuracy": 1.0 - float(loss[s, a]),
+            "test_accuracy": 0.5,
+            "flops": 10 * a,
+            "params": a,
+            "cpu_seconds": 1.0,
+        }
+        for s in range(loss.shape[0])
+        for a in range(loss.shape[1])
+    ]
+
+
+def test_a_table_reads_back_and_an_edited_row_is_caught(tmp_path: Path) -> None:
+    rows = _rows(np.random.default_rng(0).random((3, 20)))
+    path = tmp_path / "t.parquet"
+    gt.write_table(rows, path, {"command": "python bench/ground_truth.py build"})
+    back, meta = gt.read_table(path)
+    assert len(back) == 60 and meta["rows"] == 60
+    assert meta["command"] == "python bench/ground_truth.py build"
+    table = pq.read_table(path)
+    edited = table.set_column(
+        table.schema.get_field_index("valid_logloss"),
+        "valid_logloss",
+        [[0.0] + table.column("valid_logloss").to_pylist()[1:]],
+    ).replace_schema_metadata(table.schema.metadata)
+    pq.write_table(edited, path)
+    with pytest.raises(ValueError, match="content hash"):
+        gt.read_table(path)
+
+
+def test_the_noise_ceiling_separates_a_resolvable_table_from_noise() -> None:
+    rng = np.random.default_rng(0)
+    quality = np.linspace(0.0, 1.0, 60)
+    resolvable = gt.ground_truth(_rows(quality + 0.01 * rng.standard_normal((4, 60))))
+    noise = gt.ground_truth(_rows(rng.standard_normal((4, 60))))
+    overall, within = gt.noise_ceiling(resolvable)
+    assert overall > 0.9 and within > 0.5
+    assert abs(gt.noise_ceiling(noise)[0]) < 0.3
+    # a perfect fidelity has tau 1 against the mean; a reversed one -1
+    assert gt.taus(quality, resolvable)[0] > 0.95
+    assert gt.taus(-quality, resolvable)[0] < -0.95
+    assert resolvable.rank_of('{"a": 0}') == 1
+    with pytest.raises(ValueError, match="two seeds"):
+        gt.noise_ceiling(gt.ground_truth(_rows(rng.random((1, 10)))))
+
+
+def test_an_architecture_missing_a_seed_is_left_out() -> None:
+    rows = _rows(np.random.default_rng(1).random((2, 5)))
+    rows = [r for r in rows if not (r["arch_index"] == 3 and r["seed"] == 1)]
+    truth = gt.ground_truth(rows)
+    assert len(truth.archs) == 4 and '{"a": 3}' not in truth.archs
+    assert truth.loss.shape == (2, 4)
+
+
+def test_the_plateau_is_the_first_budget_whose_doubling_gains_little() -> None:
+    builder = _module("ground_truth")
+    assert builder.plateau([(2, 1.0), (4, 0.5), (8, 0.45), (16, 0.449)], 0.02) == 8
+    assert builder.plateau([(2, 1.0), (4, 0.5), (8, 0.6)], 0.02) == 4  # overfits past 4
+    assert builder.plateau([(2, 1.0), (4, 0.5), (8, 0.25)], 0.02) == 8  # still gaining
+    rows = [{"passes": p, "valid_logloss": v} for p in (1, 2) for v in range(10)]
+    assert builder.top_curve(rows) == [(1, 0.5), (2, 0.5)]  # the best 2 of 10: 0 and 1
+
+
+def test_a_tiny_build_resumes_and_reports(tmp_path: Path) -> None:
+    command = [
+        sys.executable, str(BENCH / "ground_truth.py"), "build", "--task", "digits-elastic",
+        "--archs", "3", "--seeds", "2", "--passes", "1", "--flush", "2",
+        "--data-dir", str(tmp_path),
+    ]  # fmt: skip
+    first = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stderr
+    assert "0 rows present, 6 to train" in first.stdout
+    rows, meta = gt.read_table(tmp_path / "ground_truth_digits-elastic.parquet")
+    assert len(rows) == 6 and meta["passes"] == 1 and meta["cpu_seconds"] > 0
+    assert {r["steps"] for r in rows} == {34}  # one pass of batch 32 over 1,078 images
+    again = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert "6 rows present, 0 to train" in again.stdout
+    report = subprocess.run(
+        [sys.executable, str(BENCH / "ground_truth.py"), "report", "--task", "digits-elastic",
+         "--data-dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert report.returncode == 0, report.stderr
+    assert '"architectures": 3' in report.stdout and '"seeds": 2' in report.stdout
