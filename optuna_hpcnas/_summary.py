@@ -121,19 +121,39 @@ def evaluation_seconds(trial: FrozenTrial) -> float | None:
     return (trial.datetime_complete - trial.datetime_start).total_seconds()
 
 
-def best_trials(study: optuna.Study, *, top: int) -> list[FrozenTrial]:
-    """Top ``top`` completed trials (single objective) or the Pareto front (several)."""
-    from optuna.study import StudyDirection
+def trained_only(trials: list[FrozenTrial]) -> list[FrozenTrial]:
+    """Without the trials a one-shot search scored by inherited weights alone, when some of
+    ``trials`` were trained (finalists, published models): the two kinds of value are not on
+    one scale, and the export trains one that went through the stages."""
+    trained = [t for t in trials if t.user_attrs.get(_keys.OBJECTIVE_FIDELITY) != "inherited"]
+    return trained or trials
+
+
+def completed_trials(study: optuna.Study) -> list[FrozenTrial]:
+    """The complete trials that compete for the export (``trained_only``)."""
     from optuna.trial import TrialState
 
+    return trained_only(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
+
+
+def best_trials(study: optuna.Study, *, top: int) -> list[FrozenTrial]:
+    """Top ``top`` completed trials (single objective) or the Pareto front (several); in a
+    one-shot study, the trained trials when there are any."""
+    from optuna.study import StudyDirection
+
     if len(study.directions) > 1:
-        front = list(study.best_trials)
+        from optuna_hpcnas._pareto import fronts
+
+        front = list(study.best_trials)  # feasible ones, where constraints were set
+        pool = completed_trials(study)
+        if any(t not in pool for t in front):  # a one-shot study: the trained trials' front
+            front = fronts(pool, study.directions)[0]
         return sorted(
             front,
             key=lambda t: t.values[0],
             reverse=study.directions[0] == StudyDirection.MAXIMIZE,
         )
-    completed = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    completed = completed_trials(study)
     reverse = study.direction == StudyDirection.MAXIMIZE
     return sorted(completed, key=lambda t: t.values[0], reverse=reverse)[:top]
 
@@ -154,7 +174,6 @@ def export_choice(study: optuna.Study) -> tuple[FrozenTrial, str | None] | None:
     front's best in the first objective).
     """
     from optuna.study import StudyDirection
-    from optuna.trial import TrialState
 
     ranked = best_trials(study, top=1)
     if not ranked:
@@ -166,7 +185,7 @@ def export_choice(study: optuna.Study) -> tuple[FrozenTrial, str | None] | None:
     accuracy = best.user_attrs.get(_keys.OBJECTIVE_ACCURACY)
     if not isinstance(samples, int) or samples < 1 or not isinstance(accuracy, (int, float)):
         return best, None
-    complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    complete = completed_trials(study)
     spread = max(accuracy * (1.0 - accuracy), 1.0 / samples)
     margin = math.sqrt(spread / samples) * max(1.0, math.sqrt(2.0 * math.log(len(complete))))
     close = [

@@ -13,6 +13,7 @@ from optuna_hpcnas.evaluation._config import lr_scale
 from optuna_hpcnas.evaluation._config import ObjectiveConfig
 from optuna_hpcnas.evaluation._config import resolve_batch_size
 from optuna_hpcnas.evaluation._config import ScratchTrainingConfig
+from optuna_hpcnas.evaluation._finalists import enqueue_finalists
 
 if TYPE_CHECKING:
     from optuna_hpcnas.evaluation._core import Decision
@@ -69,6 +70,7 @@ __getattr__ = lazy_attributes(__name__, _LAZY)
 
 __all__ = [
     "Decision",
+    "enqueue_finalists",
     "Engine",
     "EngineSession",
     "FineTuning",

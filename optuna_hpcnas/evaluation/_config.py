@@ -28,6 +28,7 @@ LATENCY_SOURCES = ("measured", "predicted", "onnx-int8")
 OPTIMIZERS = ("adam", "sgd")
 PRECISIONS = tuple(p.value for p in Precision)
 VALIDATIONS = ("auto", "holdout", "cross-validation")
+MODES = ("multi-fidelity", "one-shot")
 AUTO = "auto"
 # The time-series literature trains on batches of min(N / 10, 16) (Wang et al. 2017, Fawaz et
 # al. 2019); larger sets go up to 64, which keeps two CPU cores busy.
@@ -39,7 +40,7 @@ def resolve_batch_size(batch_size: int | str, samples: int) -> int:
     them within ``AUTO_BATCH_RANGE``; a given size is kept. Never more than the samples, and
     at least 2 when there are 2 (BatchNorm needs two values per channel).
 
-    Example:
+    Examples:
         >>> [resolve_batch_size("auto", n) for n in (3, 40, 160, 3200)]
         [3, 4, 16, 64]
     """
@@ -59,7 +60,7 @@ def lr_scale(batch_size: int | str, resolved: int) -> float:
     steps at 64 are 8,000 at 4, cheap steps on a small set). A batch size given as a number
     keeps its rates and budgets as written.
 
-    Example:
+    Examples:
         >>> lr_scale("auto", 64), lr_scale("auto", 4), lr_scale(32, 32)
         (1.0, 0.25, 1.0)
     """
@@ -129,6 +130,12 @@ class ObjectiveConfig:
         precise_batch_norm: Recompute BatchNorm's statistics on up to 512 training samples
             of the fold before every validation (trained on batches of 4, the running
             averages are noise).
+        mode: ``"multi-fidelity"``: every candidate is fine-tuned stage by stage (the
+            pruner stops the weak); ``"one-shot"``: a candidate is scored by the supernet's
+            weights alone (BatchNorm recalibrated, then validated; no fine-tuning), except
+            the finalists (``enqueue_finalists``) and the published models enqueued by name,
+            which go through the stages. For spaces whose subnets are slices of one another
+            (``signal-elastic``, ``digits-elastic``) trained with the sandwich rule.
     """
 
     objectives: tuple[str, ...] = ("accuracy",)
@@ -153,6 +160,7 @@ class ObjectiveConfig:
     folds: int = 5
     max_trial_seconds: float | None = None
     precise_batch_norm: bool = True
+    mode: str = "multi-fidelity"
 
     def __post_init__(self) -> None:
         objectives = (
@@ -199,6 +207,13 @@ class ObjectiveConfig:
             check_int(name, getattr(self, name), 1)
         check_int("population_steps", self.population_steps, 0)
         check_choice("validation", self.validation, VALIDATIONS)
+        check_choice("mode", self.mode, MODES)
+        if self.mode == "one-shot" and self.validation == "cross-validation":
+            raise ValueError(
+                "`mode` is 'one-shot', which scores candidates with the supernet's weights, "
+                "but `validation` is 'cross-validation', under which no supernet is trained "
+                "(its weights would see every fold); use 'holdout' or 'auto'."
+            )
         check_int("folds", self.folds, 2, maximum=20)
         check_number("max_trial_seconds", self.max_trial_seconds, allow_none=True)
         if not isinstance(self.precise_batch_norm, bool):

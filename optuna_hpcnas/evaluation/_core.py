@@ -100,10 +100,12 @@ class TrialPlan:
         total_steps: Optimisation steps to run at most (the end of the last stage run).
         report: Report every round (single-objective studies; Optuna prunes only those).
         maximize: Direction of the reported value.
-        protected: A published model enqueued by name (``reference_model``): it goes
-            through every stage whatever the pruner, the patience or the time cap say (its
-            stage values still count for the others), so its final value can be compared
-            with the search's pick.
+        protected: A published model enqueued by name (``reference_model``) or a one-shot
+            finalist: it goes through every stage whatever the pruner, the patience or the
+            time cap say (its stage values still count for the others), so its final value
+            can be compared with the search's pick.
+        inherited: One-shot mode: the trial is scored with the supernet's weights alone (no
+            fine-tuning), unless it is a finalist or a published model.
     """
 
     stages: StagePlan
@@ -111,6 +113,7 @@ class TrialPlan:
     report: bool
     maximize: bool
     protected: bool = False
+    inherited: bool = False
 
     @classmethod
     def for_study(
@@ -133,7 +136,13 @@ class TrialPlan:
         else:
             last = min(1, len(names) - 1)
         maximize = not multi and study.direction == optuna.study.StudyDirection.MAXIMIZE
-        return cls(plan, plan.boundaries[last], report=not multi, maximize=maximize or multi)
+        return cls(
+            plan,
+            plan.boundaries[last],
+            report=not multi,
+            maximize=maximize or multi,
+            inherited=config.mode == "one-shot",
+        )
 
     @property
     def rounds(self) -> tuple[int, ...]:
@@ -147,6 +156,7 @@ class TrialPlan:
             "report": self.report,
             "maximize": self.maximize,
             "protected": self.protected,
+            "inherited": self.inherited,
         }
 
     @classmethod
@@ -157,13 +167,17 @@ class TrialPlan:
             bool(data["report"]),
             bool(data["maximize"]),
             bool(data.get("protected", False)),
+            bool(data.get("inherited", False)),
         )
 
     def for_trial(self, user_attrs: Mapping[str, Any]) -> TrialPlan:
-        """This plan for a trial with these user attributes (a reference model is
-        protected)."""
-        if _keys.OBJECTIVE_REFERENCE in user_attrs and not self.protected:
-            return replace(self, protected=True)
+        """This plan for a trial with these user attributes: a published model or a
+        one-shot finalist goes through every stage (protected, not inherited-only)."""
+        chosen = (
+            _keys.OBJECTIVE_REFERENCE in user_attrs or _keys.OBJECTIVE_FINALIST_OF in user_attrs
+        )
+        if chosen and (self.inherited or not self.protected):
+            return replace(self, protected=True, inherited=False)
         return self
 
 
@@ -450,8 +464,14 @@ class TrialEvaluator:
         self.trainer = trainer
         self.config = config
         self.seed = seed
+        # one-shot scores need a trained supernet, which cross-validation rules out
+        validation = (
+            "holdout"
+            if config.mode == "one-shot" and config.validation == "auto"
+            else config.validation
+        )
         self.folds: Folds = plan_validation(
-            data, validation=config.validation, folds=config.folds, seed=seed
+            data, validation=validation, folds=config.folds, seed=seed
         )
         self.batch_size = resolve_batch_size(config.batch_size, self.folds.smallest_training_set)
         self.lr_scale = lr_scale(config.batch_size, self.batch_size)
@@ -569,6 +589,10 @@ class TrialEvaluator:
         link.record({_keys.OBJECTIVE_VALIDATION_SAMPLES: self.folds.validation_size})
         link.record({_keys.OBJECTIVE_INHERITED_ACCURACY: accuracy})
         train = self._feasible(costs) or not self.config.skip_infeasible
+        if self.config.mode == "one-shot":
+            fidelity = "inherited" if link.plan.inherited else "trained"
+            link.record({_keys.OBJECTIVE_FIDELITY: fidelity})
+            train = train and not link.plan.inherited
         if not train:
             link.record({_keys.OBJECTIVE_ACCURACY: accuracy, _keys.OBJECTIVE_STEPS: 0})
         return _Prepared(model, costs, train)

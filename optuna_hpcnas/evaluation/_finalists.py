@@ -1,0 +1,60 @@
+"""One-shot mode's last step: the best candidates scored by inherited weights alone go again
+through the stages, as new trials of the same study (finalists)."""
+
+from __future__ import annotations
+
+import optuna
+from optuna.trial import FrozenTrial
+from optuna.trial import TrialState
+
+from optuna_hpcnas import _keys
+from optuna_hpcnas._pareto import ranked
+from optuna_hpcnas._validation import check_int
+
+
+def inherited_trials(study: optuna.Study) -> list[FrozenTrial]:
+    """The complete trials scored by inherited weights alone (one-shot mode)."""
+    return [
+        t
+        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+        if t.user_attrs.get(_keys.OBJECTIVE_FIDELITY) == "inherited"
+    ]
+
+
+def enqueue_finalists(study: optuna.Study, n: int) -> list[int]:
+    """Queue the ``n`` best inherited trials of a one-shot study again, as finalists that go
+    through the stages; returns the numbers of the inherited trials queued.
+
+    An architecture already trained (a published model, an earlier finalist) or already
+    queued is not queued twice. Several objectives: the best fronts first.
+
+    Examples:
+        >>> import optuna
+        >>> from optuna.distributions import FloatDistribution
+        >>> study = optuna.create_study(direction="maximize")
+        >>> for x in (0.2, 0.9, 0.5):  # three candidates scored by inherited weights
+        ...     study.add_trial(optuna.trial.create_trial(
+        ...         params={"x": x}, distributions={"x": FloatDistribution(0, 1)}, value=x,
+        ...         user_attrs={"fidelity": "inherited"}))
+        >>> enqueue_finalists(study, 2)  # trials 1 (0.9) and 2 (0.5) go through the stages
+        [1, 2]
+    """
+    check_int("n", n, 0)
+    seen = set()
+    for t in study.get_trials(deepcopy=False):
+        if t.user_attrs.get(_keys.OBJECTIVE_FIDELITY) == "inherited":
+            continue
+        params = t.params or t.system_attrs.get("fixed_params", {})
+        if params:  # trained, training or queued with parameters
+            seen.add(tuple(sorted(params.items())))
+    queued: list[int] = []
+    for trial in ranked(inherited_trials(study), study.directions):
+        if len(queued) == n:
+            break
+        key = tuple(sorted(trial.params.items()))
+        if key in seen:
+            continue
+        seen.add(key)
+        study.enqueue_trial(trial.params, user_attrs={_keys.OBJECTIVE_FINALIST_OF: trial.number})
+        queued.append(trial.number)
+    return queued
