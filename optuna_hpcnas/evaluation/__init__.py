@@ -13,6 +13,7 @@ from optuna_hpcnas.evaluation._config import lr_scale
 from optuna_hpcnas.evaluation._config import ObjectiveConfig
 from optuna_hpcnas.evaluation._config import resolve_batch_size
 from optuna_hpcnas.evaluation._config import ScratchTrainingConfig
+from optuna_hpcnas.evaluation._finalists import choose_finalists
 from optuna_hpcnas.evaluation._finalists import enqueue_finalists
 
 if TYPE_CHECKING:
@@ -70,6 +71,7 @@ __getattr__ = lazy_attributes(__name__, _LAZY)
 
 __all__ = [
     "Decision",
+    "choose_finalists",
     "enqueue_finalists",
     "Engine",
     "EngineSession",

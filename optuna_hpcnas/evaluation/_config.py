@@ -136,6 +136,13 @@ class ObjectiveConfig:
             the finalists (``enqueue_finalists``) and the published models enqueued by name,
             which go through the stages. For spaces whose subnets are slices of one another
             (``signal-elastic``, ``digits-elastic``) trained with the sandwich rule.
+        finalists: One-shot mode under ``hpcnas run``: the last ``finalists`` trials of the
+            budget (``[study] n_trials``) are the best inherited candidates not trained yet,
+            trained through the stages (the Python API queues them with
+            ``enqueue_finalists``).
+        finalists_share: One-shot mode under ``hpcnas run`` with a ``timeout``: from this
+            share of the timeout before its end, every trial is a finalist until
+            ``finalists`` have started.
     """
 
     objectives: tuple[str, ...] = ("accuracy",)
@@ -161,6 +168,8 @@ class ObjectiveConfig:
     max_trial_seconds: float | None = None
     precise_batch_norm: bool = True
     mode: str = "multi-fidelity"
+    finalists: int = 8
+    finalists_share: float = 0.25
 
     def __post_init__(self) -> None:
         objectives = (
@@ -208,6 +217,12 @@ class ObjectiveConfig:
         check_int("population_steps", self.population_steps, 0)
         check_choice("validation", self.validation, VALIDATIONS)
         check_choice("mode", self.mode, MODES)
+        check_int("finalists", self.finalists, 0)
+        check_number("finalists_share", self.finalists_share, positive=False)
+        if not 0 <= self.finalists_share < 1:
+            raise ValueError(
+                f"`finalists_share` is {self.finalists_share!r}, but must be in [0, 1)."
+            )
         if self.mode == "one-shot" and self.validation == "cross-validation":
             raise ValueError(
                 "`mode` is 'one-shot', which scores candidates with the supernet's weights, "

@@ -40,21 +40,28 @@ def enqueue_finalists(study: optuna.Study, n: int) -> list[int]:
         [1, 2]
     """
     check_int("n", n, 0)
+    chosen = choose_finalists(study, n)
+    for trial in chosen:
+        study.enqueue_trial(trial.params, user_attrs={_keys.OBJECTIVE_FINALIST_OF: trial.number})
+    return [t.number for t in chosen]
+
+
+def choose_finalists(study: optuna.Study, n: int) -> list[FrozenTrial]:
+    """The ``n`` best inherited trials whose architecture is not trained, in training or
+    queued with its parameters already (best first; several objectives: front by front)."""
     seen = set()
     for t in study.get_trials(deepcopy=False):
         if t.user_attrs.get(_keys.OBJECTIVE_FIDELITY) == "inherited":
             continue
         params = t.params or t.system_attrs.get("fixed_params", {})
-        if params:  # trained, training or queued with parameters
+        if params:
             seen.add(tuple(sorted(params.items())))
-    queued: list[int] = []
+    chosen: list[FrozenTrial] = []
     for trial in ranked(inherited_trials(study), study.directions):
-        if len(queued) == n:
+        if len(chosen) == n:
             break
         key = tuple(sorted(trial.params.items()))
-        if key in seen:
-            continue
-        seen.add(key)
-        study.enqueue_trial(trial.params, user_attrs={_keys.OBJECTIVE_FINALIST_OF: trial.number})
-        queued.append(trial.number)
-    return queued
+        if key not in seen:
+            seen.add(key)
+            chosen.append(trial)
+    return chosen

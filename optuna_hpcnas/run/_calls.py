@@ -16,6 +16,7 @@ from collections.abc import Callable
 import contextlib
 import logging
 import math
+import time
 from typing import Any
 from typing import ParamSpec
 from typing import TYPE_CHECKING
@@ -24,6 +25,7 @@ import uuid
 
 from optuna_hpcnas import _keys
 from optuna_hpcnas import _records
+from optuna_hpcnas.run._finalists import turn_into_finalist
 from optuna_hpcnas.run._study import grace_period
 from optuna_hpcnas.run._study import recover_dead_trials
 from optuna_hpcnas.storages import OutageWindow
@@ -66,6 +68,8 @@ class StudyCalls:
             window.quiet = grace_period(config) + window.backoff.cap
         self.window = window
         self._plan: TrialPlan | None = None
+        # one-shot mode with a timeout: from this time.monotonic() on, trials are finalists
+        self.finalists_from: float | None = None
 
     def _call(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         """The one door to the storage: ``fn`` within the outage window (``OutageWindow.call``:
@@ -107,8 +111,27 @@ class StudyCalls:
         return stack
 
     def suggest(self, space: HierarchicalSearchSpace, trial: optuna.Trial) -> Architecture:
-        """The trial's architecture: the sampler runs; its parameters and the architecture
-        record are written together (one transaction on RDB storages)."""
+        """The trial's architecture: the sampler runs (in one-shot mode a finalist's turn
+        fixes it first, ``run._finalists``); its parameters and the architecture record are
+        written together (one transaction on RDB storages)."""
+        objective = self._config.objective
+        if objective.mode == "one-shot" and objective.finalists:
+            late = self.finalists_from is not None and time.monotonic() >= self.finalists_from
+            of = self._call(
+                turn_into_finalist,
+                self.study,
+                trial,
+                finalists=objective.finalists,
+                budget=self._config.study.n_trials is not None,
+                late=late,
+            )
+            if of is not None:
+                _logger.info(
+                    "Trial %d is a one-shot finalist: trial %d's architecture, trained through "
+                    "the stages.",
+                    trial.number,
+                    of,
+                )
         return self._call(_records.suggest_architecture, space, trial)
 
     def plan(self) -> TrialPlan:

@@ -179,6 +179,9 @@ def _run(
         if queue is not None:
             queue.close()
         raise
+    timeout = config.study.timeout
+    if calls is not None and timeout is not None and config.objective.mode == "one-shot":
+        calls.finalists_from = time.monotonic() + timeout * (1 - config.objective.finalists_share)
     loop = GroupLoop(
         group=group,
         channel=GroupChannel(group.comm, group_index=group.index),

@@ -1,0 +1,91 @@
+"""One-shot mode under ``hpcnas run``: the budget's trials are scored by inherited weights,
+its last ``finalists`` repeat the best of them through the stages, and the export chooses
+among those."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import optuna
+from optuna.distributions import CategoricalDistribution
+
+from optuna_hpcnas import _keys
+from optuna_hpcnas._summary import export_choice
+from optuna_hpcnas.config import config_from_dict
+from optuna_hpcnas.run import run_search
+from optuna_hpcnas.run._finalists import turn_into_finalist
+from tests.run_configs import tiny_config
+
+
+def test_the_last_trials_of_the_budget_are_the_best_inherited_trained(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'run.db'}"
+    config = config_from_dict(
+        tiny_config(
+            study={"storage": url, "n_trials": 8},
+            space={"preset": "digits-elastic"},
+            training={"sandwich": True, "paths_per_batch": 3},
+            objective={"mode": "one-shot", "finalists": 2},
+        )
+    )
+    run_search(config)
+    study = optuna.load_study(study_name=config.study.name, storage=url)
+    trials = sorted(study.trials, key=lambda t: t.number)
+    assert len(trials) == 8 and all(t.state.is_finished() for t in trials)
+    inherited, finalists = trials[:6], trials[6:]
+    for t in inherited:
+        assert t.user_attrs[_keys.OBJECTIVE_FIDELITY] == "inherited"
+        assert t.user_attrs[_keys.OBJECTIVE_STEPS] == 0
+    ranked = sorted(
+        (t for t in inherited if t.state == optuna.trial.TrialState.COMPLETE),
+        key=lambda t: (-t.values[0], t.number),
+    )
+    distinct = []
+    for t in ranked:  # the best architectures, each once
+        if all(t.params != d.params for d in distinct):
+            distinct.append(t)
+    assert [t.user_attrs[_keys.OBJECTIVE_FINALIST_OF] for t in finalists] == [
+        t.number for t in distinct[:2]
+    ]
+    for t in finalists:
+        assert t.user_attrs[_keys.OBJECTIVE_FIDELITY] == "trained"
+        assert t.user_attrs[_keys.OBJECTIVE_STEPS] > 0
+        assert t.params == study.trials[t.user_attrs[_keys.OBJECTIVE_FINALIST_OF]].params
+    chosen = export_choice(study)
+    assert chosen is not None and chosen[0].number in (6, 7)
+
+
+def _study_with_inherited(values: list[float]) -> optuna.Study:
+    study = optuna.create_study(direction="maximize")
+    dist = {"op": CategoricalDistribution(["a", "b", "c", "d"])}
+    for op, value in zip("abcd", values):
+        study.add_trial(
+            optuna.trial.create_trial(
+                params={"op": op},
+                distributions=dist,
+                value=value,
+                user_attrs={_keys.OBJECTIVE_FIDELITY: "inherited"},
+            )
+        )
+    return study
+
+
+def test_a_finalists_turn_fixes_the_trial_to_the_best_untrained_architecture() -> None:
+    study = _study_with_inherited([0.2, 0.9, 0.5])
+    dist = CategoricalDistribution(["a", "b", "c", "d"])
+    trial = study.ask()
+    # no budget and not late yet: a plain trial, the sampler's
+    assert turn_into_finalist(study, trial, finalists=2, budget=False, late=False) is None
+    assert turn_into_finalist(study, trial, finalists=2, budget=False, late=True) == 1
+    assert trial.suggest_categorical("op", dist.choices) == "b"
+    study.tell(trial, 0.95)
+    second = study.ask()
+    assert turn_into_finalist(study, second, finalists=2, budget=False, late=True) == 2
+    assert second.suggest_categorical("op", dist.choices) == "c"
+    study.tell(second, 0.6)
+    third = study.ask()  # two finalists have started: no more
+    assert turn_into_finalist(study, third, finalists=2, budget=False, late=True) is None
+    # a published model keeps its place
+    study.enqueue_trial({"op": "d"}, user_attrs={_keys.OBJECTIVE_REFERENCE: "fcn"})
+    study.tell(third, 0.1)
+    published = study.ask()
+    assert turn_into_finalist(study, published, finalists=5, budget=False, late=True) is None
