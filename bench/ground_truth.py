@@ -13,7 +13,8 @@ MNIST-1D, generator seed 42, with the published models of the space added):
 2. ``build``: ``--archs`` architectures x ``--seeds`` training seeds at ``--passes`` (the
    plateau), rows flushed as they come (a killed build resumes; ``--shard i --num-shards n``
    splits the work between processes, ``merge`` folds the shards in).
-3. ``report``: the table's size, CPU time, content hash and noise ceiling.
+3. ``report``: the table's size, CPU time, content hash and noise ceiling; ``plot``: the
+   budget curve of step 1 as ``docs/images/ground_truth_budget_<task>.png``.
 
 Every training is ``optuna_hpcnas.evaluation.train_from_scratch`` on the training split alone
 (Adam, cosine, weight decay 1e-4, one thread); the validation split is the reference and the
@@ -196,7 +197,13 @@ def build(args: argparse.Namespace) -> None:
     if args.num_shards > 1:
         out = out.with_name(f"{out.stem}.shard{args.shard}.parquet")
     rows = _existing(out)
-    done = {(r["arch_index"], r["seed"]) for r in rows}
+    table = table_path(args.task, args.data_dir)
+    # rows of the table and of every shard are done, whichever process trained them
+    done = {
+        (r["arch_index"], r["seed"])
+        for path in {table, out, *table.parent.glob(f"{table.stem}.shard*.parquet")}
+        for r in _existing(path)
+    }
     archs = architectures(args.task, space, args.archs)
     todo = [
         (i, s)
@@ -204,7 +211,7 @@ def build(args: argparse.Namespace) -> None:
         for i in range(len(archs))
         if (i, s) not in done and (i * args.seeds + s) % args.num_shards == args.shard
     ]
-    print(f"{len(rows)} rows present, {len(todo)} to train -> {out}", flush=True)
+    print(f"{len(done)} rows present, {len(todo)} to train -> {out}", flush=True)
     start = time.perf_counter()
     for k, (index, seed) in enumerate(todo, 1):
         arch, name = archs[index]
@@ -259,10 +266,40 @@ def report(args: argparse.Namespace) -> None:
     )
 
 
+def plot(args: argparse.Namespace) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows, meta = read_table(args.data_dir / f"ground_truth_{args.task}_budget.parquet")
+    curve = top_curve(rows)
+    passes = sorted({int(r["passes"]) for r in rows})
+    median = [
+        float(np.median([r["valid_logloss"] for r in rows if r["passes"] == p])) for p in passes
+    ]
+    fig, ax = plt.subplots(figsize=(5.5, 3.4))
+    ax.plot([p for p, _ in curve], [v for _, v in curve], "o-", label="best 10 % (mean)")
+    ax.plot(passes, median, "s--", label="median")
+    ax.axvline(args.chosen, color="grey", lw=0.8, ls=":", label=f"table budget ({args.chosen})")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("passes over the training split (cosine schedule to the end)")
+    ax.set_ylabel("validation log-loss")
+    n = len({r["arch_index"] for r in rows})
+    ax.set_title(f"{args.task}: {n} architectures trained alone, one seed", fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    out = Path(__file__).resolve().parents[1] / "docs" / "images"
+    path = out / f"ground_truth_budget_{args.task}.png"
+    fig.savefig(path, dpi=110)
+    print(f"wrote {path} ({meta.get('command')})")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
-    for name in ("budget", "build", "merge", "report"):
+    for name in ("budget", "build", "merge", "report", "plot"):
         sub = commands.add_parser(name)
         sub.add_argument("--task", choices=sorted(TASKS), default="digits")
         sub.add_argument("--data-dir", type=Path, default=DATA, help="where the tables live")
@@ -277,11 +314,14 @@ def main() -> None:
             sub.add_argument("--flush", type=int, default=20)
             sub.add_argument("--shard", type=int, default=0)
             sub.add_argument("--num-shards", type=int, default=1)
+        if name == "plot":
+            sub.add_argument("--chosen", type=int, default=32, help="the table's passes")
     args = parser.parse_args()
     import torch
 
     torch.set_num_threads(1)
-    {"budget": budget, "build": build, "merge": merge, "report": report}[args.command](args)
+    commands_ = {"budget": budget, "build": build, "merge": merge, "report": report, "plot": plot}
+    commands_[args.command](args)
 
 
 if __name__ == "__main__":
