@@ -67,6 +67,19 @@ def read_table(path: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     return rows, meta
 
 
+def read_with_shards(task: str, directory: Path = DATA) -> tuple[list[dict[str, Any]], dict]:
+    """The rows of a table and of its shards still being built (one row per architecture and
+    seed), and the table's metadata (a shard's while the table has none)."""
+    path = table_path(task, directory)
+    rows: dict[tuple[int, int], dict[str, Any]] = {}
+    meta: dict[str, Any] = {}
+    for part in [*sorted(directory.glob(f"{path.stem}.shard*.parquet")), path]:
+        if part.exists():
+            found, meta = read_table(part)
+            rows.update({(r["arch_index"], r["seed"]): r for r in found})
+    return list(rows.values()), meta
+
+
 @dataclass(frozen=True)
 class GroundTruth:
     """Per-architecture statistics over the seeds of a table (architectures with every seed)."""

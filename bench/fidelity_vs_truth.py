@@ -8,8 +8,10 @@ inherited (BatchNorm recalibrated, no fine-tuning), after a quick stage and afte
 of fine-tuning (``--quick-passes``, ``--medium-passes``; ``--inherited-only`` skips them). Each
 score is the validation log-loss; Kendall tau against the table's mean over seeds, overall and
 within the table's top 10 %, beside the noise ceiling (two disjoint halves of the seeds).
-Rows accumulate in ``bench/results/fidelity_truth_<task>.jsonl`` (ignored by git) and the
-table of every run so far is printed.
+Every architecture the table will hold is scored (``ground_truth.architectures``), so a run
+may start while the table is still being built; rows accumulate in
+``bench/results/fidelity_truth_<task>.jsonl`` (ignored by git) and the table of every run so
+far is printed against the table as it is.
 
     python bench/fidelity_vs_truth.py --task digits-elastic --label sandwich+kd \\
         --set sandwich=true --set distillation=0.5
@@ -31,8 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _ground_truth import DATA
 from _ground_truth import ground_truth
 from _ground_truth import noise_ceiling
-from _ground_truth import read_table
-from _ground_truth import table_path
+from _ground_truth import read_with_shards
 from _ground_truth import taus
 from _supernet_common import parse_value
 from ground_truth import load_task
@@ -42,17 +43,16 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def score(args: argparse.Namespace, options: dict[str, Any]) -> dict[str, Any]:
-    """Train the supernet and score the table's architectures; one result row."""
+    """Train the supernet and score every architecture of the table; one result row."""
     from _supernet_common import FineTuning
     from _supernet_common import steps_per_pass
     from _supernet_common import train_supernet
+    from ground_truth import architectures
 
     from optuna_hpcnas.evaluation import evaluate
-    from optuna_hpcnas.search_space import Architecture
 
-    rows, meta = read_table(table_path(args.task, args.data_dir))
-    truth = ground_truth(rows)
     space, data = load_task(args.task)
+    archs = [a for a, _ in architectures(args.task, space, args.archs)]
     batch_size = TASKS[args.task]["batch_size"]
     per_pass = steps_per_pass(data, batch_size)
     cpu = time.process_time()
@@ -62,16 +62,18 @@ def score(args: argparse.Namespace, options: dict[str, Any]) -> dict[str, Any]:
     )  # fmt: skip
     supernet_cpu = time.process_time() - cpu
     cpu = time.process_time()
-    scores: dict[str, list[float]] = {"inherited": [], "quick": [], "medium": []}
-    for text in truth.archs:
-        model = trainer.calibrated_subnet(Architecture.from_json(text), data.train)
-        scores["inherited"].append(evaluate(model, data.valid)[1])
+    scores: dict[str, dict[str, float]] = {"inherited": {}, "quick": {}, "medium": {}}
+    for arch in archs:
+        key = arch.to_json()
+        model = trainer.calibrated_subnet(arch, data.train)
+        scores["inherited"][key] = evaluate(model, data.valid)[1]
         if args.inherited_only:
             continue
         tuning = FineTuning(model, data, seed=args.seed, batch_size=batch_size)
-        scores["quick"].append(tuning.stage(args.quick_passes * per_pass, 1e-3, anneal=False)[1])
+        quick = tuning.stage(args.quick_passes * per_pass, 1e-3, anneal=False)
+        scores["quick"][key] = quick[1]
         medium = tuning.stage(args.medium_passes * per_pass, args.medium_lr, anneal=True)
-        scores["medium"].append(medium[1])
+        scores["medium"][key] = medium[1]
     scoring_cpu = time.process_time() - cpu
     return {
         "label": args.label,
@@ -80,11 +82,10 @@ def score(args: argparse.Namespace, options: dict[str, Any]) -> dict[str, Any]:
         "paths": args.paths,
         "sampling": args.sampling,
         "seed": args.seed,
-        "table_hash": meta.get("content_hash"),
-        "taus": {stage: taus(values, truth) for stage, values in scores.items() if values},
+        "scores": {stage: values for stage, values in scores.items() if values},
         "supernet_cpu_seconds": supernet_cpu,
         "scoring_cpu_seconds": scoring_cpu,
-        "per_architecture_ms": 1000 * scoring_cpu / len(truth.archs),
+        "per_architecture_ms": 1000 * scoring_cpu / len(archs),
     }
 
 
@@ -105,10 +106,11 @@ def print_table(task: str, truth: Any, meta: dict[str, Any], rows: list[dict[str
             f"{row['per_architecture_ms']:>8.0f}"
         )
         for stage in ("inherited", "quick", "medium"):
-            if stage not in row["taus"]:
+            values = row["scores"].get(stage, {})
+            if not all(a in values for a in truth.archs):
                 line += f" {'-':>22}"
                 continue
-            overall, within = row["taus"][stage]
+            overall, within = taus([values[a] for a in truth.archs], truth)
             share = overall / ceiling[0] if ceiling[0] > 0 else float("nan")
             line += f" {overall:>6.3f}/{within:>6.3f} ({share:>4.0%})"
         print(line)
@@ -122,6 +124,7 @@ def main() -> None:
     parser.add_argument("--paths", type=int, default=4)
     parser.add_argument("--sampling", default="uniform", choices=("uniform", "fair"))
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--archs", type=int, default=300, help="as the table was built")
     parser.add_argument("--quick-passes", type=int, default=1)
     parser.add_argument("--medium-passes", type=int, default=4)
     parser.add_argument("--medium-lr", type=float, default=3e-3)
@@ -140,10 +143,9 @@ def main() -> None:
         RESULTS.mkdir(exist_ok=True)
         with path.open("a") as f:
             f.write(json.dumps(row) + "\n")
-    rows_, meta = read_table(table_path(args.task, args.data_dir))
+    rows_, meta = read_with_shards(args.task, args.data_dir)
     truth = ground_truth(rows_)
     rows = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-    rows = [r for r in rows if r.get("table_hash") == meta.get("content_hash")]
     print_table(args.task, truth, meta, rows)
 
 

@@ -47,6 +47,7 @@ from _ground_truth import DATA
 from _ground_truth import ground_truth
 from _ground_truth import noise_ceiling
 from _ground_truth import read_table
+from _ground_truth import read_with_shards
 from _ground_truth import table_path
 from _ground_truth import TOP_SHARE
 from _ground_truth import write_table
@@ -240,7 +241,7 @@ def merge(args: argparse.Namespace) -> None:
 
 
 def report(args: argparse.Namespace) -> None:
-    rows, meta = read_table(table_path(args.task, args.data_dir))
+    rows, meta = read_with_shards(args.task, args.data_dir)
     truth = ground_truth(rows)
     overall, within = noise_ceiling(truth)
     best = np.argsort(truth.mean_loss)[:5]

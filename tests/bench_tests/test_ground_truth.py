@@ -104,24 +104,26 @@ def test_the_plateau_is_the_first_budget_whose_doubling_gains_little() -> None:
     assert builder.top_curve(rows) == [(1, 0.5), (2, 0.5)]  # the best 2 of 10: 0 and 1
 
 
-def test_a_tiny_build_resumes_and_reports(tmp_path: Path) -> None:
-    command = [
-        sys.executable, str(BENCH / "ground_truth.py"), "build", "--task", "digits-elastic",
-        "--archs", "3", "--seeds", "2", "--passes", "1", "--flush", "2",
-        "--data-dir", str(tmp_path),
-    ]  # fmt: skip
-    first = subprocess.run(command, capture_output=True, text=True, timeout=300)
-    assert first.returncode == 0, first.stderr
-    assert "0 rows present, 6 to train" in first.stdout
+def test_a_tiny_build_in_two_shards_resumes_merges_and_reports(tmp_path: Path) -> None:
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        command = [
+            sys.executable, str(BENCH / "ground_truth.py"), *args,
+            "--task", "digits-elastic", "--data-dir", str(tmp_path),
+        ]  # fmt: skip
+        done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        return done
+
+    build = ("build", "--archs", "3", "--seeds", "2", "--passes", "1", "--flush", "2")
+    first = run(*build, "--shard", "0", "--num-shards", "2")
+    assert "0 rows present, 3 to train" in first.stdout
+    run(*build, "--shard", "1", "--num-shards", "2")
+    # the report reads the shards while the table is being built
+    report = run("report")
+    assert '"architectures": 3' in report.stdout and '"seeds": 2' in report.stdout
+    run("merge")
+    assert not list(tmp_path.glob("*.shard*.parquet"))
     rows, meta = gt.read_table(tmp_path / "ground_truth_digits-elastic.parquet")
     assert len(rows) == 6 and meta["passes"] == 1 and meta["cpu_seconds"] > 0
     assert {r["steps"] for r in rows} == {34}  # one pass of batch 32 over 1,078 images
-    again = subprocess.run(command, capture_output=True, text=True, timeout=300)
-    assert "6 rows present, 0 to train" in again.stdout
-    report = subprocess.run(
-        [sys.executable, str(BENCH / "ground_truth.py"), "report", "--task", "digits-elastic",
-         "--data-dir", str(tmp_path)],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert report.returncode == 0, report.stderr
-    assert '"architectures": 3' in report.stdout and '"seeds": 2' in report.stdout
+    assert "6 rows present, 0 to train" in run(*build).stdout
