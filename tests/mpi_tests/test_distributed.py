@@ -216,3 +216,41 @@ def test_four_rank_search_two_groups_one_study(
         for r in sorted(ranks, key=lambda r: r["rank"])
     )
     assert f"compute      {expected}" in status.stdout
+
+
+def test_one_shot_mode_under_mpirun_two_groups(tmp_path: Path) -> None:
+    """Two groups score the budget by inherited weights; its last two trials are finalists
+    (each the architecture of an inherited trial, trained through the stages), taken by
+    whichever group pops them."""
+    url = f"sqlite:///{tmp_path / 'nas.db'}"
+    config = write_config(
+        tmp_path / "nas.toml",
+        tiny_config(
+            study={"name": "one-shot", "n_trials": 10, "storage": url},
+            space={"preset": "digits-elastic"},
+            training={"sandwich": True, "paths_per_batch": 3},
+            objective={"mode": "one-shot", "finalists": 2},
+            distributed={"group_size": 1},
+        ),
+    )
+    proc = run_mpi(
+        2,
+        ["-m", "optuna_hpcnas", "run", "--config", str(config), "--no-progress"],
+        timeout=180,
+        cwd=REPO,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    study = optuna.load_study(study_name="one-shot", storage=url)
+    trials = study.get_trials(deepcopy=False)
+    assert len(trials) == 10 and all(t.state.is_finished() for t in trials)
+    finalists = [t for t in trials if _keys.OBJECTIVE_FINALIST_OF in t.user_attrs]
+    assert len(finalists) == 2
+    by_number = {t.number: t for t in trials}
+    for t in finalists:
+        assert t.user_attrs[_keys.OBJECTIVE_FIDELITY] == "trained"
+        assert t.user_attrs[_keys.OBJECTIVE_STEPS] > 0
+        source = by_number[t.user_attrs[_keys.OBJECTIVE_FINALIST_OF]]
+        assert source.user_attrs[_keys.OBJECTIVE_FIDELITY] == "inherited"
+        assert source.params == t.params
+    inherited = [t for t in trials if t not in finalists]
+    assert all(t.user_attrs[_keys.OBJECTIVE_FIDELITY] == "inherited" for t in inherited)
