@@ -63,10 +63,13 @@ def score(args: argparse.Namespace, options: dict[str, Any]) -> dict[str, Any]:
     supernet_cpu = time.process_time() - cpu
     cpu = time.process_time()
     scores: dict[str, dict[str, float]] = {"inherited": {}, "quick": {}, "medium": {}}
+    inherited_cpu = 0.0
     for arch in archs:
         key = arch.to_json()
+        started = time.process_time()
         model = trainer.calibrated_subnet(arch, data.train)
         scores["inherited"][key] = evaluate(model, data.valid)[1]
+        inherited_cpu += time.process_time() - started
         if args.inherited_only:
             continue
         tuning = FineTuning(model, data, seed=args.seed, batch_size=batch_size)
@@ -85,34 +88,48 @@ def score(args: argparse.Namespace, options: dict[str, Any]) -> dict[str, Any]:
         "scores": {stage: values for stage, values in scores.items() if values},
         "supernet_cpu_seconds": supernet_cpu,
         "scoring_cpu_seconds": scoring_cpu,
+        "inherited_cpu_seconds": inherited_cpu,
         "per_architecture_ms": 1000 * scoring_cpu / len(archs),
     }
 
 
 def print_table(task: str, truth: Any, meta: dict[str, Any], rows: list[dict[str, Any]]) -> None:
-    ceiling = noise_ceiling(truth)
+    nan = float("nan")
+    ceiling = noise_ceiling(truth) if len(truth.seeds) > 1 else (nan, nan)
+    once = float(truth.cpu_seconds.sum(axis=1).mean())  # training every architecture once
     print(
         f"\nRanking fidelity on {task}: {len(truth.archs)} architectures x {len(truth.seeds)} "
-        f"seeds trained alone ({meta.get('passes')} passes); Kendall tau overall / within the "
-        f"top 10 %, and as a share of the noise ceiling ({ceiling[0]:.3f} / {ceiling[1]:.3f})"
+        f"seeds trained alone ({meta.get('passes')} passes, {once:.0f} CPU s a seed); Kendall "
+        f"tau overall / within the top 10 %, and as a share of the noise ceiling "
+        f"({ceiling[0]:.3f} / {ceiling[1]:.3f}); the inherited pick's rank by the table's mean "
+        "and the CPU of supernet + inherited scoring against training the table once"
     )
     header = f"{'remedy':<28} {'supernet':>9} {'ms/arch':>8}"
     for stage in ("inherited", "quick", "medium"):
         header += f" {stage:>22}"
-    print(header)
+    print(header + f" {'pick':>5} {'x less':>7}")
     for row in rows:
         line = (
             f"{row['label']:<28} {row['supernet_cpu_seconds']:>8.0f}s "
             f"{row['per_architecture_ms']:>8.0f}"
         )
+        complete = True
         for stage in ("inherited", "quick", "medium"):
             values = row["scores"].get(stage, {})
             if not all(a in values for a in truth.archs):
                 line += f" {'-':>22}"
+                complete = complete and stage != "inherited"
                 continue
             overall, within = taus([values[a] for a in truth.archs], truth)
-            share = overall / ceiling[0] if ceiling[0] > 0 else float("nan")
+            share = overall / ceiling[0] if ceiling[0] > 0 else nan
             line += f" {overall:>6.3f}/{within:>6.3f} ({share:>4.0%})"
+        inherited = row["scores"].get("inherited", {})
+        if complete and "inherited_cpu_seconds" in row:
+            pick = min(truth.archs, key=lambda a: inherited[a])
+            cost = row["supernet_cpu_seconds"] + row["inherited_cpu_seconds"] * len(
+                truth.archs
+            ) / len(inherited)
+            line += f" {truth.rank_of(pick):>5} {once / cost:>6.1f}x"
         print(line)
 
 
