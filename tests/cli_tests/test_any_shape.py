@@ -37,8 +37,10 @@ MAX_ELEMENTS = 1_500_000
 
 
 @st.composite
-def data_sets(draw: st.DrawFn) -> dict[str, Any]:
-    image = draw(st.booleans())
+def data_sets(draw: st.DrawFn, *, image: bool | None = None) -> dict[str, Any]:
+    """A data set; ``image`` fixes the kind (``None``: either)."""
+    if image is None:
+        image = draw(st.booleans())
     if image:
         shape = (draw(st.integers(1, 4)), draw(st.integers(1, 48)), draw(st.integers(1, 48)))
     else:
@@ -101,22 +103,8 @@ def _check_outcome(code: int, err: str, folder: Path) -> None:
     assert errors[0].startswith("hpcnas run: error: ")
 
 
-@settings(
-    max_examples=14,
-    deadline=None,
-    derandomize=True,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
-@given(case=data_sets())
-# the corners, and the shapes that crashed before: a training split of 1 modulo the batch
-# (3,201 of MNIST-1D's 4,001 signals), a flatten stem of 600 features, 1,460 positions
-@example(case={"shape": (40, 1), "n": 4001, "classes": 10, "decay": 1.0, "batch": 64})
-@example(case={"shape": (40, 1), "n": 5000, "classes": 50, "decay": 0.7, "batch": "auto"})
-@example(case={"shape": (100, 6), "n": 40, "classes": 4, "decay": 1.0, "batch": "auto"})
-@example(case={"shape": (1460, 1), "n": 100, "classes": 10, "decay": 1.0, "batch": "auto"})
-@example(case={"shape": (2000, 16), "n": 46, "classes": 3, "decay": 1.0, "batch": 7})
-@example(case={"shape": (3, 48, 48), "n": 200, "classes": 2, "decay": 0.3, "batch": 2})
-def test_any_data_shape_completes_or_is_one_line(case: dict[str, Any]) -> None:
+def check_any_shape(case: dict[str, Any]) -> None:
+    """``hpcnas run`` on ``case`` in this process completes or exits 2 with one line."""
     with tempfile.TemporaryDirectory() as name:
         folder = Path(name)
         config = _write_case(folder, case)
@@ -124,6 +112,26 @@ def test_any_data_shape_completes_or_is_one_line(case: dict[str, Any]) -> None:
         with contextlib.redirect_stderr(err):
             code = main(["-q", "run", "--config", str(config), "--no-progress"])
         _check_outcome(code, err.getvalue(), folder)
+
+
+# Signals here, images in test_any_image_shape.py: two files, so that pytest-xdist runs them
+# side by side (a file per worker).
+@settings(
+    max_examples=7,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(case=data_sets(image=False))
+# the corners, and the shapes that crashed before: a training split of 1 modulo the batch
+# (3,201 of MNIST-1D's 4,001 signals), a flatten stem of 600 features, 1,460 positions
+@example(case={"shape": (40, 1), "n": 4001, "classes": 10, "decay": 1.0, "batch": 64})
+@example(case={"shape": (40, 1), "n": 5000, "classes": 50, "decay": 0.7, "batch": "auto"})
+@example(case={"shape": (100, 6), "n": 40, "classes": 4, "decay": 1.0, "batch": "auto"})
+@example(case={"shape": (1460, 1), "n": 100, "classes": 10, "decay": 1.0, "batch": "auto"})
+@example(case={"shape": (2000, 16), "n": 46, "classes": 3, "decay": 1.0, "batch": 7})
+def test_any_signal_shape_completes_or_is_one_line(case: dict[str, Any]) -> None:
+    check_any_shape(case)
 
 
 @pytest.mark.mpi
