@@ -26,7 +26,7 @@ typecheck: $(STAMP)
 
 # The documentation site into site/; a warning (a broken link, anchor or API reference) fails.
 docs: $(STAMP)
-	$(BIN)/mkdocs build --strict
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 # Three workers on two cores: many tests wait on subprocesses, servers and MPI ranks. One
 # worker per test file (--dist loadfile) keeps each module's servers and fixtures shared.
