@@ -254,7 +254,7 @@ def report(args: argparse.Namespace) -> None:
                 "seeds": len(truth.seeds),
                 "rows": len(rows),
                 "passes": meta.get("passes"),
-                "cpu_hours": round(meta.get("cpu_seconds", 0.0) / 3600, 2),
+                "cpu_hours": round(sum(r["cpu_seconds"] for r in rows) / 3600, 2),
                 "cpu_seconds_per_training": round(float(truth.cpu_seconds.mean()), 2),
                 "content_hash": meta.get("content_hash"),
                 "noise_ceiling_tau": round(overall, 3),
