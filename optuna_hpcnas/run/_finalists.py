@@ -3,8 +3,10 @@ of its last share) become finalists, the best inherited candidates trained throu
 
 A leader decides when it pops a budget trial, before the sampler runs: the trial gets the
 parameters of the best inherited trial not trained yet, and the ``finalist_of`` attribute the
-plan reads (``TrialPlan.for_trial``). Two leaders popping at the same moment may pick the
-same architecture; it is then trained twice, nothing is lost.
+plan reads (``TrialPlan.for_trial``). Two leaders that pick the same architecture at the same
+moment see each other when they read back: the higher trial number chooses again. Only a
+leader whose read back came before the other's write keeps a duplicate (it is then trained
+twice; nothing is lost).
 """
 
 from __future__ import annotations
@@ -40,13 +42,23 @@ def turn_into_finalist(
     waiting = sum(t.state == TrialState.WAITING for t in trials)
     if not late and not (budget and waiting < finalists - started):
         return None
-    chosen = choose_finalists(study, 1)
-    if not chosen:
-        return None
-    params = dict(chosen[0].params)
-    storage.set_trial_system_attr(trial_id, "fixed_params", params)
-    # Optuna reads a trial's fixed parameters when the Trial object is built; this one gets
-    # them after its pop (no public call sets them on a trial already taken).
-    trial._fixed_params = params
-    trial.set_user_attr(_keys.OBJECTIVE_FINALIST_OF, chosen[0].number)
-    return chosen[0].number
+    for _ in range(finalists):
+        chosen = choose_finalists(study, 1)
+        if not chosen:
+            return None
+        number = chosen[0].number
+        params = dict(chosen[0].params)
+        storage.set_trial_system_attr(trial_id, "fixed_params", params)
+        # Optuna reads a trial's fixed parameters when the Trial object is built; this one
+        # gets them after its pop (no public call sets them on a trial already taken).
+        trial._fixed_params = params
+        trial.set_user_attr(_keys.OBJECTIVE_FINALIST_OF, number)
+        # two leaders at the same moment: the lower trial number keeps the choice, the other
+        # chooses again (the first's parameters now count as taken)
+        clash = any(
+            t.number < trial.number and t.user_attrs.get(_keys.OBJECTIVE_FINALIST_OF) == number
+            for t in study.get_trials(deepcopy=False)
+        )
+        if not clash:
+            return number
+    return number

@@ -103,6 +103,23 @@ def test_init_writes_a_starter_for_each_preset(tmp_path: Path) -> None:
     assert config.enqueued_params() == [published["cnn"], published["fcn"]]
 
 
+def test_the_elastic_starter_is_a_one_shot_search_from_the_fcn_and_a_resnet(
+    tmp_path: Path,
+) -> None:
+    from optuna_hpcnas.cli import starter
+    from optuna_hpcnas.config import load_config
+    from optuna_hpcnas.search_space import reference_models
+
+    target = tmp_path / "elastic.toml"
+    assert main(["init", "--preset", "signal-elastic", "--out", str(target)]) == 0
+    assert target.read_text() == starter("signal-elastic")
+    config = load_config(str(target))
+    assert config.space.preset == "signal-elastic" and config.objective.mode == "one-shot"
+    assert config.training.supernet.sandwich and config.training.supernet.distillation > 0
+    published = reference_models("signal-elastic")
+    assert config.enqueued_params() == [published["fcn"], published["resnet"]]
+
+
 def test_init_writes_a_starter_that_runs(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import optuna
 from optuna.distributions import CategoricalDistribution
+import pytest
 
 from optuna_hpcnas import _keys
 from optuna_hpcnas._summary import export_choice
@@ -89,3 +90,27 @@ def test_a_finalists_turn_fixes_the_trial_to_the_best_untrained_architecture() -
     study.tell(third, 0.1)
     published = study.ask()
     assert turn_into_finalist(study, published, finalists=5, budget=False, late=True) is None
+
+
+def test_two_leaders_that_chose_the_same_architecture_end_with_two(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Leader B read the study before leader A wrote its choice, so both chose trial 1's
+    architecture; on reading back, B (the higher number) sees A's and chooses again."""
+    import optuna_hpcnas.evaluation as evaluation
+
+    study = _study_with_inherited([0.2, 0.9, 0.5])
+    first, second = study.ask(), study.ask()
+    assert turn_into_finalist(study, first, finalists=2, budget=False, late=True) == 1
+    real = evaluation.choose_finalists
+    stale = [study.trials[1]]  # what B read before A's write
+    calls = []
+
+    def as_read(study: optuna.Study, n: int) -> list[optuna.trial.FrozenTrial]:
+        calls.append(n)
+        return stale if len(calls) == 1 else real(study, n)
+
+    monkeypatch.setattr(evaluation, "choose_finalists", as_read)
+    assert turn_into_finalist(study, second, finalists=2, budget=False, late=True) == 2
+    assert len(calls) == 2
+    assert second.suggest_categorical("op", ["a", "b", "c", "d"]) == "c"
