@@ -1,22 +1,16 @@
-"""Trials best first, for one objective or several (non-dominated sorting). Optuna has no
-public routine that sorts a list of trials into fronts, hence this one."""
+"""Trials best first, for one objective or several: the non-dominated fronts of
+``_records.non_domination_ranks`` (Optuna's fast non-dominated sort), each ordered by its
+first objective."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial
 
-
-def _signs(directions: Sequence[StudyDirection]) -> list[float]:
-    return [-1.0 if d == StudyDirection.MAXIMIZE else 1.0 for d in directions]
-
-
-def _dominates(a: Sequence[float], b: Sequence[float], signs: Sequence[float]) -> bool:
-    return all(s * x <= s * y for x, y, s in zip(a, b, signs)) and any(
-        s * x < s * y for x, y, s in zip(a, b, signs)
-    )
+from optuna_hpcnas import _records
 
 
 def fronts(
@@ -24,16 +18,15 @@ def fronts(
 ) -> list[list[FrozenTrial]]:
     """Complete trials in non-dominated fronts, the best first; each front ordered by its
     first objective (then trial number). One objective: one trial a front."""
-    signs = _signs(directions)
-    rest = sorted(trials, key=lambda t: (signs[0] * t.values[0], t.number))
+    signs = np.array([-1.0 if d == StudyDirection.MAXIMIZE else 1.0 for d in directions])
+    ordered = sorted(trials, key=lambda t: (signs[0] * t.values[0], t.number))
     if len(directions) == 1:
-        return [[t] for t in rest]
-    out: list[list[FrozenTrial]] = []
-    while rest:
-        front = [t for t in rest if not any(_dominates(o.values, t.values, signs) for o in rest)]
-        out.append(front)
-        rest = [t for t in rest if t not in front]
-    return out
+        return [[t] for t in ordered]
+    if not ordered:
+        return []
+    losses = np.array([t.values for t in ordered], dtype=float) * signs
+    ranks = _records.non_domination_ranks(losses)
+    return [[t for t, r in zip(ordered, ranks) if r == rank] for rank in np.unique(ranks)]
 
 
 def ranked(

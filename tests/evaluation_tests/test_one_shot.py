@@ -15,7 +15,6 @@ from torch.utils.data import TensorDataset
 
 from optuna_hpcnas import _keys
 from optuna_hpcnas import HierarchicalSearchSpace
-from optuna_hpcnas._pareto import _dominates
 from optuna_hpcnas._pareto import fronts
 from optuna_hpcnas._summary import best_trials
 from optuna_hpcnas._summary import export_choice
@@ -129,6 +128,12 @@ def test_finalists_of_two_objectives_come_front_by_front() -> None:
     study = _inherited_study([(0.9, 10.0), (0.8, 20.0), (0.7, 5.0), (0.6, 6.0)])
     assert enqueue_finalists(study, 3) == [0, 2, 1]
     assert enqueue_finalists(study, 0) == []
+
+
+def _dominates(a: list[float], b: list[float], signs: list[float]) -> bool:
+    return all(s * x <= s * y for x, y, s in zip(a, b, signs)) and any(
+        s * x < s * y for x, y, s in zip(a, b, signs)
+    )
 
 
 @settings(max_examples=40, deadline=None)
