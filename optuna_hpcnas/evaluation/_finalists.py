@@ -12,12 +12,13 @@ from optuna_hpcnas._pareto import ranked
 from optuna_hpcnas._validation import check_int
 
 
-def inherited_trials(study: optuna.Study) -> list[FrozenTrial]:
+def _inherited(trials: list[FrozenTrial]) -> list[FrozenTrial]:
     """The complete trials scored by inherited weights alone (one-shot mode)."""
     return [
         t
-        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-        if t.user_attrs.get(_keys.OBJECTIVE_FIDELITY) == "inherited"
+        for t in trials
+        if t.state == TrialState.COMPLETE
+        and t.user_attrs.get(_keys.OBJECTIVE_FIDELITY) == "inherited"
     ]
 
 
@@ -49,15 +50,16 @@ def enqueue_finalists(study: optuna.Study, n: int) -> list[int]:
 def choose_finalists(study: optuna.Study, n: int) -> list[FrozenTrial]:
     """The ``n`` best inherited trials whose architecture is not trained, in training or
     queued with its parameters already (best first; several objectives: front by front)."""
+    trials = study.get_trials(deepcopy=False)  # one read for both
     seen = set()
-    for t in study.get_trials(deepcopy=False):
+    for t in trials:
         if t.user_attrs.get(_keys.OBJECTIVE_FIDELITY) == "inherited":
             continue
         params = t.params or t.system_attrs.get("fixed_params", {})
         if params:
             seen.add(tuple(sorted(params.items())))
     chosen: list[FrozenTrial] = []
-    for trial in ranked(inherited_trials(study), study.directions):
+    for trial in ranked(_inherited(trials), study.directions):
         if len(chosen) == n:
             break
         key = tuple(sorted(trial.params.items()))

@@ -33,15 +33,21 @@ def turn_into_finalist(
     storage, trial_id = trial.storage, trial._trial_id
     if _keys.OBJECTIVE_REFERENCE in trial.user_attrs:
         return None  # a published model keeps its place
+    # most takes are not a finalist's turn: decide that on the smallest reads first
+    waiting = 0
+    if not late:
+        if not budget:
+            return None
+        waiting = len(study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
+        if waiting >= finalists:
+            return None
+    started = sum(
+        _keys.OBJECTIVE_FINALIST_OF in t.user_attrs for t in study.get_trials(deepcopy=False)
+    )
+    if started >= finalists or (not late and waiting >= finalists - started):
+        return None
     if storage.get_trial_system_attrs(trial_id).get("fixed_params"):
         return None  # a trial queued with its parameters (a retry, an enqueued one)
-    trials = study.get_trials(deepcopy=False)
-    started = sum(_keys.OBJECTIVE_FINALIST_OF in t.user_attrs for t in trials)
-    if started >= finalists:
-        return None
-    waiting = sum(t.state == TrialState.WAITING for t in trials)
-    if not late and not (budget and waiting < finalists - started):
-        return None
     for _ in range(finalists):
         chosen = choose_finalists(study, 1)
         if not chosen:
