@@ -198,13 +198,8 @@ def build(args: argparse.Namespace) -> None:
     if args.num_shards > 1:
         out = out.with_name(f"{out.stem}.shard{args.shard}.parquet")
     rows = _existing(out)
-    table = table_path(args.task, args.data_dir)
     # rows of the table and of every shard are done, whichever process trained them
-    done = {
-        (r["arch_index"], r["seed"])
-        for path in {table, out, *table.parent.glob(f"{table.stem}.shard*.parquet")}
-        for r in _existing(path)
-    }
+    done = {(r["arch_index"], r["seed"]) for r in read_with_shards(args.task, args.data_dir)[0]}
     archs = architectures(args.task, space, args.archs)
     todo = [
         (i, s)
@@ -226,13 +221,7 @@ def build(args: argparse.Namespace) -> None:
 def merge(args: argparse.Namespace) -> None:
     out = table_path(args.task, args.data_dir)
     shards = sorted(out.parent.glob(f"{out.stem}.shard*.parquet"))
-    rows: dict[tuple[int, int], dict[str, Any]] = {}
-    meta: dict[str, Any] = {}
-    for path in [out, *shards]:
-        if path.exists():
-            part, meta = read_table(path)
-            rows.update({(r["arch_index"], r["seed"]): r for r in part})
-    merged = list(rows.values())
+    merged, meta = read_with_shards(args.task, args.data_dir)
     meta["cpu_seconds"] = float(sum(r["cpu_seconds"] for r in merged))
     write_table(merged, out, {k: v for k, v in meta.items() if k not in ("content_hash", "rows")})
     for path in shards:
