@@ -18,6 +18,7 @@ from typing import Any
 from typing import TYPE_CHECKING
 
 from optuna_hpcnas import _keys
+from optuna_hpcnas._process import this_process
 from optuna_hpcnas.search_space import Architecture
 
 if TYPE_CHECKING:
@@ -340,7 +341,10 @@ def pop_waiting_trial(study: optuna.Study, claim: str | None = None) -> optuna.T
     SQLite connections to it drops SQLite's POSIX locks and lets another process delete the
     write-ahead log under it.) As ``study.ask`` does, the cache is dropped first so the sampler
     sees the trials other workers finished meanwhile. With ``claim`` on an RDB storage, the
-    token is written into the trial in the pop's own transaction (``claimed_trial_id``).
+    token is written into the trial in the pop's own transaction (``claimed_trial_id``), and
+    so is this process as the trial's owner (the record a sweep reads to fail the trial at
+    once when this process is gone, ``storages.recover_expired_trials``): a worker killed
+    right after its pop, before its heartbeat or lease began, leaves no anonymous trial.
     """
     import optuna
 
@@ -355,7 +359,8 @@ def pop_waiting_trial(study: optuna.Study, claim: str | None = None) -> optuna.T
 
 def _pop_claimed(study: optuna.Study, rdb: Any, claim: str) -> int | None:
     """Optuna's RDB pop (``set_trial_state_values(RUNNING)`` on the first WAITING trial still
-    waiting under its row lock), with ``claim`` written in the same transaction."""
+    waiting under its row lock), with ``claim`` and the owner written in the same
+    transaction."""
     import datetime
 
     from optuna.storages._rdb import models
@@ -375,7 +380,9 @@ def _pop_claimed(study: optuna.Study, rdb: Any, claim: str) -> int | None:
             row.state = TrialState.RUNNING
             row.datetime_start = datetime.datetime.now()
             model = models.TrialSystemAttributeModel
-            _upsert_attrs(rdb, session, model, row.trial_id, {_keys.RUN_CLAIM: claim})
+            owner = {"number": row.number, **this_process()}
+            attrs = {_keys.RUN_CLAIM: claim, _keys.STORAGES_OWNER: owner}
+            _upsert_attrs(rdb, session, model, row.trial_id, attrs)
         return candidate._trial_id
     return None
 

@@ -89,10 +89,11 @@ class _RenewalThread(abc.ABC):
     def __enter__(self: _Renewer) -> _Renewer:
         if self._thread is not None:
             raise RuntimeError(f"The {self._kind} of trial {self._number} is already running.")
-        self._renew_now()
-        # which process runs it: a sweep on this host need not wait for the renewals to stop
+        # which process runs it, first: a sweep on this host need not wait for the renewals
+        # to stop (an RDB pop records it in its own transaction already)
         owner = {"number": self._number, **this_process()}
         self._storage.set_trial_system_attr(self._trial_id, _keys.STORAGES_OWNER, owner)
+        self._renew_now()
         self._stop.clear()
         self._thread = threading.Thread(
             target=self._run, name=f"hpcnas-{self._kind}-{self._number}", daemon=True

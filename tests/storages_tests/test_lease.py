@@ -267,3 +267,32 @@ def test_a_trial_whose_process_on_this_host_is_gone_is_recovered_at_once(
     assert _states(study) == [TrialState.FAIL, TrialState.WAITING]
     reason = study.trials[0].system_attrs[_keys.STORAGES_RECOVERED]
     assert f"pid {dead.pid} on this host" in str(reason)
+
+
+def test_a_worker_killed_right_after_its_pop_leaves_a_trial_recovered_at_once(
+    tmp_path: Path,
+) -> None:
+    """An RDB pop records its process as the owner in the pop's own transaction: a worker
+    killed before its heartbeat or lease began is found dead by its process, not by a grace."""
+    url = f"sqlite:///{tmp_path / 'pop.db'}"
+    study = optuna.create_study(study_name="pop", storage=open_storage(url))
+    study.enqueue_trial({"x": 0.5})
+    popper = (
+        "import optuna, os, signal;"
+        "from optuna_hpcnas import _records;"
+        "from optuna_hpcnas.storages import open_storage;"
+        f"study = optuna.load_study(study_name='pop', storage=open_storage({url!r}));"
+        "trial = _records.pop_waiting_trial(study, claim='token');"
+        "print(trial.number, flush=True);"
+        "os.kill(os.getpid(), signal.SIGKILL)"
+    )
+    popped = subprocess.run(
+        [sys.executable, "-c", popper], capture_output=True, text=True, timeout=120
+    )
+    assert popped.returncode == -signal.SIGKILL, popped.stderr[-2000:]
+    assert popped.stdout.split() == ["0"]
+    (trial,) = study.get_trials()
+    assert trial.state == TrialState.RUNNING
+    assert trial.system_attrs[_keys.STORAGES_OWNER]["number"] == 0
+    assert recover_expired_trials(study, grace_period=600) == [0]
+    assert _states(study) == [TrialState.FAIL, TrialState.WAITING]
