@@ -1,9 +1,9 @@
 """Serving ``/metrics``: one HTTP endpoint on 127.0.0.1, merging all MPI ranks when asked.
 
-``prometheus_client`` chooses single- or multi-process storage when it is imported, from
-``PROMETHEUS_MULTIPROC_DIR``. ``enable_multiprocess`` sets that variable (and switches an
-already imported client), so every rank writes its values to files in one directory and the
-rank that serves merges them at scrape time.
+``prometheus_client`` chooses single- or multi-process storage once, when it is first
+imported, from ``PROMETHEUS_MULTIPROC_DIR``. ``enable_multiprocess`` sets that variable before
+that import (and refuses once it is too late), so every rank writes its values to files in one
+directory and the rank that serves merges them at scrape time.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import logging
 import os
 from pathlib import Path
+import sys
 import threading
 from typing import Any
 from typing import TYPE_CHECKING
@@ -30,21 +31,32 @@ MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 def enable_multiprocess(directory: str | os.PathLike[str], *, clean: bool = False) -> Path:
     """Store metric values as files in ``directory`` so that several processes add up.
 
-    Call it before any ``SearchMetrics`` is built, on every rank (or export
-    ``PROMETHEUS_MULTIPROC_DIR`` in the job script). ``clean=True`` (rank 0, before the other
-    ranks start) removes the files a previous job left.
+    Call it on every rank before anything imports ``prometheus_client`` (before the first
+    ``SearchMetrics`` or ``serve_metrics``), or export ``PROMETHEUS_MULTIPROC_DIR`` in the job
+    script. ``clean=True`` (rank 0, before the other ranks start) removes the files a previous
+    job left.
+
+    Raises:
+        RuntimeError: ``prometheus_client`` was imported before, with another directory or
+            none: its metrics would stay in memory and never reach the merged ``/metrics``.
     """
     path = Path(directory)
+    if "prometheus_client" in sys.modules and not _same_dir(multiprocess_dir(), path):
+        raise RuntimeError(
+            f"`enable_multiprocess` must run before prometheus_client is imported, but it "
+            f"was imported with {MULTIPROC_ENV}={multiprocess_dir()!r}, not {str(path)!r}: "
+            f"call it first in the process, or export {MULTIPROC_ENV} before Python starts."
+        )
     path.mkdir(parents=True, exist_ok=True)
     if clean:
         for f in path.glob("*.db"):
             f.unlink()
     os.environ[MULTIPROC_ENV] = str(path)
-    import prometheus_client.values as values
-
-    # The client picks its value class at import time; switch it if it was imported earlier.
-    values.ValueClass = values.get_value_class()
     return path
+
+
+def _same_dir(current: str | None, path: Path) -> bool:
+    return current is not None and os.path.abspath(current) == os.path.abspath(path)
 
 
 def multiprocess_dir() -> str | None:
