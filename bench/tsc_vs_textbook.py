@@ -11,7 +11,15 @@ For every data set and seed, on the same cores one after the other:
     training of the same (fitted) ``signal-1d`` space (Adam 1e-3, batches of min(N/10, 16)
     of the training split, validation accuracy every 50 steps, at most 1,000 steps), for the
     budget less the final training; the best architecture then trained with (a)'s export
-    recipe on train + validation.
+    recipe on train + validation; ``random+sh``: the same with ``RandomSampler`` +
+    ``SuccessiveHalvingPruner``.
+
+(a) runs in two modes: ``hpcnas`` (multi-fidelity, the ``signal-1d`` starter: every
+candidate trained through the stages) and ``hpcnas-one-shot`` (the ``signal-elastic``
+starter: the supernet warmed up, candidates scored by inherited weights, the best few
+trained through the stages). (a)'s warm-up runs before its search timeout, so the peers
+(b) and (c) are each given the longest wall time an (a) arm of the same set and seed took
+(the budget at least): any advantage of time is theirs.
 
 Data: GunPoint, ItalyPowerDemand and BasicMotions as aeon's wheel ships them (the archive's
 train/test split, read offline) and MNIST-1D (4,000 / 1,000, generator seed 42); the seed
@@ -40,7 +48,11 @@ SETS = ("GunPoint", "ItalyPowerDemand", "BasicMotions", "mnist1d")
 # Fawaz et al. 2019, Table 4 (FCN, ResNet; UCR 2015 split, mean of 10 runs). BasicMotions and
 # MNIST-1D are not in it.
 PUBLISHED = {"GunPoint": (100.0, 99.1), "ItalyPowerDemand": (96.1, 96.3)}
-METHODS = ("hpcnas", "fcn", "resnet", "tpe+hyperband")
+METHODS = ("hpcnas", "hpcnas-one-shot", "fcn", "resnet", "tpe+hyperband", "random+sh")
+DEFAULT_METHODS = ("hpcnas", "fcn", "resnet", "tpe+hyperband")
+# the starter each of (a)'s modes runs: multi-fidelity over the mixed space, one-shot over
+# the nested elastic one
+PRESETS = {"hpcnas": "signal-1d", "hpcnas-one-shot": "signal-elastic"}
 
 
 def _data_table(name: str, seed: int) -> dict[str, Any]:
@@ -56,11 +68,11 @@ def _load(name: str, seed: int) -> Any:
 
 
 # ---------------------------------------------------------------------------- (a)
-def hpcnas(name: str, seed: int, budget: float, work: Path) -> dict[str, Any]:
-    """(a): ``hpcnas init``, ``run`` and ``export``, timed as a whole."""
+def hpcnas(name: str, seed: int, budget: float, work: Path, preset: str) -> dict[str, Any]:
+    """(a): ``hpcnas init --preset``, ``run`` and ``export``, timed as a whole."""
     import tomli_w
 
-    config = _starter()
+    config = _starter(preset)
     config["data"] = _data_table(name, seed)
     config["sampler"]["seed"] = seed
     config["training"]["seed"] = seed
@@ -96,7 +108,7 @@ def _study_figures(work: Path) -> dict[str, Any]:
     storage = f"sqlite:///{work / 'nas.db'}"
     (summary,) = optuna.get_all_study_summaries(storage)
     study = optuna.load_study(study_name=summary.study_name, storage=storage)
-    complete = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+    complete = _trained(study)
     best = max(complete, key=lambda t: t.values[0])
     references = {
         str(t.user_attrs["reference_model"]): round(float(t.values[0]), 4)
@@ -107,15 +119,43 @@ def _study_figures(work: Path) -> dict[str, Any]:
         "best_value": round(float(best.values[0]), 4),
         "best_architecture": best.user_attrs.get("arch_description", ""),
         "reference_values": references,
+        "best_valid_over_time": _trajectory(study),
     }
 
 
-def _starter() -> dict[str, Any]:
-    """The ``signal-1d`` starter that ``hpcnas init`` writes, as a table."""
+def _trained(study: Any) -> list[Any]:
+    """The completed trials whose value is a trained model's (not a one-shot score by
+    inherited weights)."""
+    import optuna
+
+    complete = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+    return [t for t in complete if t.user_attrs.get("fidelity") != "inherited"]
+
+
+def _trajectory(study: Any) -> list[tuple[float, float]]:
+    """``(seconds since the study's first trial started, best validation value so far)`` at
+    every completed trial that improved it: the curve of best validation against time."""
+
+    complete = _trained(study)
+    starts = [t.datetime_start for t in study.get_trials(deepcopy=False) if t.datetime_start]
+    if not complete or not starts:
+        return []
+    origin = min(starts)
+    curve: list[tuple[float, float]] = []
+    for trial in sorted(complete, key=lambda t: t.datetime_complete):
+        value = float(trial.values[0])
+        if not curve or value > curve[-1][1]:
+            seconds = (trial.datetime_complete - origin).total_seconds()
+            curve.append((round(seconds, 1), round(value, 4)))
+    return curve
+
+
+def _starter(preset: str = "signal-1d") -> dict[str, Any]:
+    """The starter that ``hpcnas init --preset`` writes, as a table."""
     from optuna_hpcnas.cli import starter
     from optuna_hpcnas.config import tomllib
 
-    return dict(tomllib.loads(starter("signal-1d")))
+    return dict(tomllib.loads(starter(preset)))
 
 
 def _hpcnas(*args: str, cwd: Path) -> str:
@@ -145,8 +185,9 @@ def textbook(model: str, name: str, seed: int, budget: float) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------- (c)
-def tpe_hyperband(name: str, seed: int, budget: float) -> dict[str, Any]:
-    """(c): TPE + Hyperband over stand-alone training of the space, then the export recipe."""
+def optuna_peer(name: str, seed: int, budget: float, method: str) -> dict[str, Any]:
+    """(c): TPE + Hyperband (or Random + successive halving) over stand-alone training of
+    the space, then the export recipe."""
     import optuna
     import torch
     import torch.nn.functional as F
@@ -194,11 +235,17 @@ def tpe_hyperband(name: str, seed: int, budget: float) -> dict[str, Any]:
                 raise optuna.TrialPruned()
         return accuracy
 
-    study = optuna.create_study(
-        direction="maximize",
-        sampler=optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True),
-        pruner=optuna.pruners.HyperbandPruner(min_resource=1, max_resource=rounds),
-    )
+    if method == "tpe+hyperband":
+        sampler: optuna.samplers.BaseSampler = optuna.samplers.TPESampler(
+            seed=seed, multivariate=True, group=True
+        )
+        pruner: optuna.pruners.BasePruner = optuna.pruners.HyperbandPruner(
+            min_resource=1, max_resource=rounds
+        )
+    else:
+        sampler = optuna.samplers.RandomSampler(seed=seed)
+        pruner = optuna.pruners.SuccessiveHalvingPruner(min_resource=1)
+    study = optuna.create_study(direction="maximize", sampler=sampler, pruner=pruner)
     started = time.perf_counter()
     study.optimize(objective, timeout=0.85 * budget - 30.0, catch=(RuntimeError, ValueError))
     from optuna_hpcnas import Architecture
@@ -212,6 +259,7 @@ def tpe_hyperband(name: str, seed: int, budget: float) -> dict[str, Any]:
         "seconds": time.perf_counter() - started,
         "trials": f"{states.count('COMPLETE')} complete, {states.count('PRUNED')} pruned",
         "best_valid": study.best_value,
+        "best_valid_over_time": _trajectory(study),
     }
 
 
@@ -272,7 +320,7 @@ def main() -> None:
     parser.add_argument("--sets", nargs="+", default=list(SETS), choices=SETS)
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--minutes", type=float, default=20.0, help="budget of each method")
-    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+    parser.add_argument("--methods", nargs="+", default=list(DEFAULT_METHODS), choices=METHODS)
     parser.add_argument("--out", default="bench/results/tsc_vs_textbook.json")
     parser.add_argument(
         "--table-only", action="store_true", help="print the table of --out, run nothing"
@@ -294,18 +342,22 @@ def main() -> None:
     budget = 60.0 * args.minutes
     for seed in args.seeds:
         for name in args.sets:
-            for method in args.methods:
+            for method in sorted(args.methods, key=METHODS.index):  # (a) first
                 key = f"{name}/{seed}/{method}"
                 if key in results:
                     continue
+                # (a)'s warm-up runs before its timeout: every peer gets the longest wall
+                # time an (a) arm of this set and seed took, the budget at least
+                walls = [r["wall"] for m in PRESETS if (r := results.get(f"{name}/{seed}/{m}"))]
+                given = budget if method in PRESETS else max([budget, *walls])
                 started = time.perf_counter()
-                if method == "hpcnas":
+                if method in PRESETS:
                     with tempfile.TemporaryDirectory() as work:
-                        result = hpcnas(name, seed, budget, Path(work))
-                elif method == "tpe+hyperband":
-                    result = tpe_hyperband(name, seed, budget)
+                        result = hpcnas(name, seed, budget, Path(work), PRESETS[method])
+                elif method in ("tpe+hyperband", "random+sh"):
+                    result = optuna_peer(name, seed, given, method)
                 else:
-                    result = textbook(method, name, seed, budget)
+                    result = textbook(method, name, seed, given)
                 result["wall"] = time.perf_counter() - started
                 results[key] = result
                 out.write_text(json.dumps(results, indent=1))
