@@ -9,9 +9,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 import math
 
+from optuna_hpcnas._validation import check_bool
 from optuna_hpcnas._validation import check_choice
 from optuna_hpcnas._validation import check_int
 from optuna_hpcnas._validation import check_number
+from optuna_hpcnas._validation import check_seed
+from optuna_hpcnas._validation import check_str
 from optuna_hpcnas.supernet import Precision
 
 OBJECTIVES = ("accuracy", "loss", "flops", "params", "latency")
@@ -91,7 +94,9 @@ class ObjectiveConfig:
             ``"predicted"`` (per-layer lookup table) or ``"onnx-int8"`` (median batch-1
             onnxruntime latency of the subnet quantized to INT8, as it will be deployed; the
             per-layer predictor is then fitted on those measurements as the search goes, and
-            needs the ``deploy`` extra) as the latency objective; all are recorded.
+            needs the ``deploy`` extra) as the latency objective; all are recorded (a
+            one-shot trial scored by inherited weights alone times its forwards only where
+            latency is an objective, a weight or a limit: the predicted one is recorded).
         max_flops: Hard limit through ``trial.set_constraint`` (``None``: none).
         max_params: Hard limit on parameters.
         max_latency_s: Hard limit on latency (seconds).
@@ -186,14 +191,7 @@ class ObjectiveConfig:
         if len(set(objectives)) != len(objectives):
             raise ValueError(f"`objectives` has duplicates: {list(objectives)}.")
         for name in ("flops_weight", "latency_weight", "weight_decay"):
-            value = getattr(self, name)
-            if (
-                isinstance(value, bool)
-                or not isinstance(value, (int, float))
-                or not math.isfinite(value)
-                or value < 0
-            ):
-                raise ValueError(f"`{name}` is {value!r}, but must be a finite number >= 0.")
+            check_number(name, getattr(self, name), positive=False, minimum=0)
         if (self.flops_weight or self.latency_weight) and objectives != ("accuracy",):
             raise ValueError(
                 "`flops_weight`/`latency_weight` scalarise a single 'accuracy' objective; "
@@ -201,16 +199,7 @@ class ObjectiveConfig:
             )
         check_choice("latency", self.latency, LATENCY_SOURCES)
         for name in LIMITS:
-            value = getattr(self, name)
-            if value is not None and (
-                isinstance(value, bool)
-                or not isinstance(value, (int, float))
-                or not math.isfinite(value)
-                or value <= 0
-            ):
-                raise ValueError(
-                    f"`{name}` is {value!r}, but must be a finite number > 0 or None."
-                )
+            check_number(name, getattr(self, name), allow_none=True)
         _check_batch_size("batch_size", self.batch_size)
         for name in ("latency_repeats", "population_size"):
             check_int(name, getattr(self, name), 1)
@@ -231,20 +220,15 @@ class ObjectiveConfig:
             )
         check_int("folds", self.folds, 2, maximum=20)
         check_number("max_trial_seconds", self.max_trial_seconds, allow_none=True)
-        if not isinstance(self.precise_batch_norm, bool):
-            raise TypeError(
-                f"`precise_batch_norm` must be a bool, but got {self.precise_batch_norm!r}."
-            )
+        check_bool("precise_batch_norm", self.precise_batch_norm)
         check_number("momentum", self.momentum, positive=False)
         if not 0 <= self.momentum < 1:
             raise ValueError(f"`momentum` is {self.momentum!r}, but must be in [0, 1).")
         check_choice("optimizer", self.optimizer, OPTIMIZERS)
         check_choice("on_nan", self.on_nan, ("fail", "prune"))
         check_choice("stage_schedule", self.stage_schedule, ("constant", "cosine"))
-        if self.last_stage is not None and not isinstance(self.last_stage, str):
-            raise TypeError(f"`last_stage` must be a stage name, but got {self.last_stage!r}.")
-        if not isinstance(self.skip_infeasible, bool):
-            raise TypeError(f"`skip_infeasible` must be a bool, but got {self.skip_infeasible!r}.")
+        check_str("last_stage", self.last_stage, what="a stage name", allow_none=True)
+        check_bool("skip_infeasible", self.skip_infeasible)
 
     @property
     def directions(self) -> list[str]:
@@ -289,22 +273,12 @@ class ScratchTrainingConfig:
     holdout: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("steps", "seed", "latency_repeats"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise TypeError(f"`{name}` must be an int, but got {value!r}.")
-        if self.steps < 0:
-            raise ValueError(f"`steps` is {self.steps}, but must be >= 0.")
+        check_int("steps", self.steps, 0)
+        check_seed("seed", self.seed)
+        check_int("latency_repeats", self.latency_repeats, 0)
         _check_batch_size("batch_size", self.batch_size)
-        if self.latency_repeats < 0:
-            raise ValueError(f"`latency_repeats` is {self.latency_repeats}, but must be >= 0.")
-        if not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and self.lr > 0):
-            raise ValueError(f"`lr` is {self.lr!r}, but must be a finite number > 0.")
-        if not (isinstance(self.weight_decay, (int, float)) and self.weight_decay >= 0):
-            raise ValueError(f"`weight_decay` is {self.weight_decay!r}, but must be >= 0.")
-        check_number("grad_clip", self.grad_clip, positive=False)
-        if self.grad_clip < 0:
-            raise ValueError(f"`grad_clip` is {self.grad_clip!r}, but must be >= 0.")
+        check_number("lr", self.lr)
+        check_number("weight_decay", self.weight_decay, positive=False, minimum=0)
+        check_number("grad_clip", self.grad_clip, positive=False, minimum=0)
         check_choice("precision", self.precision, PRECISIONS)
-        if not isinstance(self.holdout, bool):
-            raise TypeError(f"`holdout` must be a bool, but got {self.holdout!r}.")
+        check_bool("holdout", self.holdout)

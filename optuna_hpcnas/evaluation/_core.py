@@ -582,7 +582,11 @@ class TrialEvaluator:
     def _prepare(self, arch: Architecture, link: TrialLink) -> _Prepared:
         """Population steps, the calibrated subnet, its costs and inherited score (leader)."""
         self._population_steps(link)
-        model = self.trainer.calibrated_subnet(arch, self.data.train)
+        model: nn.Module
+        if self.config.precise_batch_norm:  # ``_validate`` recomputes the statistics anyway
+            model = self.trainer.supernet.subnet(arch).to(self.trainer.device).eval()
+        else:
+            model = self.trainer.calibrated_subnet(arch, self.data.train)
         costs = self._costs(arch, model, link)
         costs.update(self._validate([model] * len(self.folds.splits)))
         accuracy = costs["accuracy"]
@@ -604,13 +608,19 @@ class TrialEvaluator:
             self.trainer.train_steps(self.data.train, steps)
 
     def _costs(self, arch: Architecture, model: nn.Module, link: TrialLink) -> dict[str, float]:
+        """FLOPs, parameters and latency. A one-shot trial scored by inherited weights alone
+        times its forwards only where latency counts (an objective, a weight or a limit):
+        the timing would be most of its cost."""
         shape = self.data.input_shape
-        measured = measure_latency(model, shape, repeats=self.config.latency_repeats)
-        records = {_keys.OBJECTIVE_LATENCY: measured}
-        if self.config.latency == "onnx-int8":
-            measured = self._deployed_latency(arch, model)
-            records[_keys.OBJECTIVE_ONNX_LATENCY] = measured
         predicted = self.predictor.predict(arch)
+        records: dict[str, Any] = {}
+        measured = predicted
+        if self._latency_counts() or not link.plan.inherited:
+            measured = measure_latency(model, shape, repeats=self.config.latency_repeats)
+            records[_keys.OBJECTIVE_LATENCY] = measured
+            if self.config.latency == "onnx-int8":
+                measured = self._deployed_latency(arch, model)
+                records[_keys.OBJECTIVE_ONNX_LATENCY] = measured
         costs = {
             "flops": float(count_flops(model, shape)),
             "params": float(count_parameters(model)),
@@ -629,6 +639,15 @@ class TrialEvaluator:
             if limit is not None:
                 link.constrain(f"hpcnas.{limit_name}", costs[cost_name] / limit - 1.0)
         return costs
+
+    def _latency_counts(self) -> bool:
+        """Whether a trial's value or feasibility depends on its latency."""
+        cfg = self.config
+        return (
+            "latency" in cfg.objectives
+            or bool(cfg.latency_weight)
+            or (cfg.max_latency_s is not None)
+        )
 
     def _deployed_latency(self, arch: Architecture, model: nn.Module) -> float:
         """INT8 onnxruntime latency of the candidate (on a CPU copy); the per-layer predictor

@@ -88,6 +88,26 @@ def test_one_shot_scores_by_inherited_weights_then_finalists_train() -> None:
     trained = [t.params for t in finalists]
     again = enqueue_finalists(study, 6)
     assert again and all(study.trials[n].params not in trained for n in again)
+    # the forwards are timed where latency counts: the trained finalists, not the inherited
+    assert all(_keys.OBJECTIVE_LATENCY not in t.user_attrs for t in inherited)
+    assert all(t.user_attrs[_keys.OBJECTIVE_LATENCY] > 0 for t in finalists)
+
+
+@pytest.mark.parametrize(
+    "latency_counts",
+    [{"objectives": ("accuracy", "latency")}, {"latency_weight": 0.01}, {"max_latency_s": 9.0}],
+)
+def test_inherited_trials_time_their_forwards_where_latency_counts(
+    latency_counts: dict[str, object],
+) -> None:
+    objective = _objective(**latency_counts)
+    objective.train_supernet()
+    two = "objectives" in latency_counts
+    study = optuna.create_study(directions=["maximize", "minimize"] if two else ["maximize"])
+    study.optimize(objective, n_trials=2)
+    for t in study.trials:
+        assert t.user_attrs[_keys.OBJECTIVE_FIDELITY] == "inherited"
+        assert t.user_attrs[_keys.OBJECTIVE_LATENCY] > 0
 
 
 def test_one_shot_needs_a_trained_supernet() -> None:
