@@ -315,6 +315,41 @@ def _mean_se(values: list[float]) -> str:
     return f"{100 * mean:.1f} +- {100 * math.sqrt(var / len(values)):.1f} (n={len(values)})"
 
 
+def plot_over_time(results: dict[str, Any], name: str, seeds: list[int], out: Path) -> None:
+    """Best validation accuracy against wall time of each search arm on ``name`` (one line
+    per seed), the textbook models' test accuracy as horizontal marks."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for method, color in zip(METHODS, ("tab:red", "tab:orange", "k", "tab:gray", "b", "g")):
+        for i, seed in enumerate(seeds):
+            result = results.get(f"{name}/{seed}/{method}")
+            if result is None:
+                continue
+            curve = result.get("best_valid_over_time") or []
+            if curve:
+                xs = [t / 60 for t, _ in curve] + [result["wall"] / 60]
+                ys = [v for _, v in curve] + [curve[-1][1]]
+                label = f"{method} (best validation)" if i == 0 else None
+                ax.step(xs, ys, where="post", color=color, label=label)
+            elif method in ("fcn", "resnet"):
+                label = f"{method} alone (test)" if i == 0 else None
+                ax.axhline(result["test"], color=color, ls=":", label=label)
+    ax.set_xlabel("wall time of the arm (minutes, 2 cores)")
+    ax.set_ylabel("accuracy")
+    ax.set_ylim(0.8, 1.0)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
+    ax.set_title(f"{name}: best validation accuracy against time, seeds {seeds}")
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sets", nargs="+", default=list(SETS), choices=SETS)
@@ -325,9 +360,14 @@ def main() -> None:
     parser.add_argument(
         "--table-only", action="store_true", help="print the table of --out, run nothing"
     )
+    parser.add_argument(
+        "--plot", type=Path, help="with --table-only: the first set's curves to this PNG"
+    )
     args = parser.parse_args()
     if args.table_only:
         results = json.loads(Path(args.out).read_text())
+        if args.plot is not None:
+            plot_over_time(results, args.sets[0], args.seeds, args.plot)
         print(f"test accuracy (%), {args.minutes:g} minutes per method, seeds {args.seeds}")
         print(_table(results, args.sets, args.seeds))
         print(_seconds_table(results, args.sets, args.seeds))
