@@ -24,6 +24,8 @@ PRUNER_STAGE_VALUE = "hpcnas:pruner:stage_value:"  # + stage name: the value a t
 PRUNER_STAGE_REACHED = "hpcnas:pruner:stage_reached"
 PRUNER_REASON = "hpcnas:pruner:reason"
 PRUNER_EARLY_STOPPED = "hpcnas:pruner:early_stopped"  # step of a patience stop
+# + stage name: the stage's Kendall tau within the top when a verdict read it
+PRUNER_TOP_FIDELITY = "hpcnas:pruner:top_fidelity:"
 
 # SupernetObjective (trial user attributes: meant for people and dashboards; the CLI and the
 # dashboard helpers read the same names).

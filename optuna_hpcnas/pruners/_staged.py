@@ -26,6 +26,8 @@ from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial
 
 from optuna_hpcnas import _keys
+from optuna_hpcnas._validation import check_int
+from optuna_hpcnas._validation import check_number
 
 _EPOCHS_MOVED = (
     "budgets are optimisation steps: write `steps` instead of `epochs` (steps = epochs x "
@@ -117,22 +119,10 @@ class StagePlan:
         names = [s.name for s in stages]
         if len(set(names)) != len(names):
             raise ValueError(f"`stages` has duplicate names: {names}.")
-        if isinstance(self.patience, bool) or not isinstance(self.patience, int):
-            raise TypeError(f"`patience` must be an int, but got {self.patience!r}.")
-        if self.patience < 0:
-            raise ValueError(f"`patience` is {self.patience}, but must be >= 0 (steps).")
-        if self.eval_every is not None and (
-            isinstance(self.eval_every, bool)
-            or not isinstance(self.eval_every, int)
-            or self.eval_every < 1
-        ):
-            raise ValueError(f"`eval_every` is {self.eval_every!r}, but must be an int >= 1.")
-        if not isinstance(self.scale, (int, float)) or not (
-            math.isfinite(self.scale) and self.scale > 0
-        ):
-            raise ValueError(f"`scale` is {self.scale!r}, but must be a finite number > 0.")
-        if not isinstance(self.min_delta, (int, float)) or self.min_delta < 0:
-            raise ValueError(f"`min_delta` is {self.min_delta!r}, but must be >= 0.")
+        check_int("patience", self.patience, 0)
+        check_int("eval_every", self.eval_every, 1, allow_none=True)
+        check_number("scale", self.scale)
+        check_number("min_delta", self.min_delta, positive=False, minimum=0)
         every = self.eval_every or max(1, min(s.steps for s in stages) // 2)
         patience = self.patience
         if self.scale != 1.0:
@@ -205,6 +195,17 @@ class StagedPruner(BasePruner):
     Args:
         plan: The stages; the quick / medium / full plan of the source articles by default.
         patience: Overrides ``plan.patience`` when given.
+        min_top_fidelity: Where a stage's own ranking of the best trials is weak, it cuts
+            only the bottom half instead of keeping its ``promote`` share. The stage's
+            fidelity within the top is measured on the study itself: the Kendall tau between
+            the values at the stage's end and the final values of the trials that finished
+            the last stage (the stage's best, as it promoted them). Below
+            ``min_top_fidelity`` (e.g. ``0.3``), with at least ``fidelity_trials`` such
+            trials, a trial outside the promoted share goes on when it is in the better half
+            of the stage; the tau read is recorded in the trial's system attribute
+            ``hpcnas:pruner:top_fidelity:<stage>``. ``None`` (the default): the promoted
+            share alone decides.
+        fidelity_trials: Trials that finished the last stage before the fidelity is read.
 
     Report the validation metric with ``trial.report(value, step)``, ``step`` the
     optimisation steps done, at least at the end of every stage (``plan.report_steps``).
@@ -231,8 +232,21 @@ class StagedPruner(BasePruner):
     """
 
     def __init__(
-        self, plan: StagePlan | Mapping[str, Any] | None = None, *, patience: int | None = None
+        self,
+        plan: StagePlan | Mapping[str, Any] | None = None,
+        *,
+        patience: int | None = None,
+        min_top_fidelity: float | None = None,
+        fidelity_trials: int = 10,
     ) -> None:
+        check_number("min_top_fidelity", min_top_fidelity, positive=False, allow_none=True)
+        if min_top_fidelity is not None and not -1.0 <= min_top_fidelity <= 1.0:
+            raise ValueError(
+                f"`min_top_fidelity` is {min_top_fidelity}, but must be a Kendall tau in [-1, 1]."
+            )
+        check_int("fidelity_trials", fidelity_trials, 3)
+        self._min_top_fidelity = min_top_fidelity
+        self._fidelity_trials = fidelity_trials
         if plan is None:
             plan = StagePlan()
         elif isinstance(plan, Mapping):
@@ -305,19 +319,45 @@ class StagedPruner(BasePruner):
             # the later reader sees the other
             self._write(study, trial, writes)
             writes = {}
+            trials = study.get_trials(deepcopy=False)
             competing = [
                 (float(t.system_attrs[key]), t.number)
-                for t in study.get_trials(deepcopy=False)
+                for t in trials
                 if key in t.system_attrs and t._trial_id != trial._trial_id
             ]
             entry = (last, trial.number)
             competing.append(entry)
-            if not _promotable(entry, competing, plan.stages[stage].promote, maximize):
+            share = plan.stages[stage].promote
+            if not _promotable(entry, competing, share, maximize) and share < 0.5:
+                fidelity, threshold = self._top_fidelity(trials, key), self._min_top_fidelity
+                if fidelity is not None and threshold is not None:
+                    writes[_keys.PRUNER_TOP_FIDELITY + name] = fidelity
+                    if fidelity < threshold:
+                        share = 0.5  # its order of the best is noise: cut only the bottom
+            if not _promotable(entry, competing, share, maximize):
                 reason = f"not promoted after stage {name!r} (step {step})"
                 writes[_keys.PRUNER_REASON] = reason
                 pruned = True
         self._write(study, trial, writes)
         return pruned
+
+    def _top_fidelity(self, trials: Sequence[FrozenTrial], key: str) -> float | None:
+        """Kendall tau between the values at ``key``'s stage and the final values of the
+        trials that finished the last stage (``None``: off, or too few yet)."""
+        if self._min_top_fidelity is None:
+            return None
+        last = self._plan.stages[-1].name
+        pairs = [
+            (float(t.system_attrs[key]), float(t.value))
+            for t in trials
+            if t.state == optuna.trial.TrialState.COMPLETE
+            and t.value is not None
+            and key in t.system_attrs
+            and t.system_attrs.get(_keys.PRUNER_STAGE_REACHED) == last
+        ]
+        if len(pairs) < self._fidelity_trials:
+            return None
+        return round(_kendall_tau(pairs), 4)
 
     @staticmethod
     def _write(study: optuna.Study, trial: FrozenTrial, attrs: Mapping[str, Any]) -> None:
@@ -384,3 +424,26 @@ def _promotable(
     keep = max(int(math.floor(len(competing) * share + 1e-9)), 1)
     ordered = sorted(competing, key=lambda e: (-e[0] if maximize else e[0], e[1]))
     return entry in ordered[:keep]
+
+
+def _kendall_tau(pairs: Sequence[tuple[float, float]]) -> float:
+    """Kendall's tau-b of the pairs (written here: scipy is not a dependency of the package,
+    and a stage's finishers are tens to hundreds, so the quadratic count is cheap)."""
+    concordant = discordant = ties_x = ties_y = 0
+    for i, (xi, yi) in enumerate(pairs):
+        for xj, yj in pairs[i + 1 :]:
+            dx, dy = xi - xj, yi - yj
+            if dx == 0 and dy == 0:
+                continue
+            if dx == 0:
+                ties_x += 1
+            elif dy == 0:
+                ties_y += 1
+            elif (dx > 0) == (dy > 0):
+                concordant += 1
+            else:
+                discordant += 1
+    denominator = math.sqrt(
+        (concordant + discordant + ties_x) * (concordant + discordant + ties_y)
+    )
+    return (concordant - discordant) / denominator if denominator else 0.0

@@ -250,3 +250,76 @@ def test_verdict_needed_by_pruner() -> None:
     assert verdict_needed(staged, values, maximize=True)  # the end of stage "a": promotion
     assert not verdict_needed(staged, {1: 0.5, 2: 0.6}, maximize=True)
     assert verdict_needed(staged, {1: float("nan")}, maximize=True)
+
+
+def _study_with_finishers(
+    pruner: StagedPruner, finishers: list[tuple[float, float]], others: list[float]
+) -> optuna.Study:
+    """Trials that finished the last stage (quick value, final value) and trials cut at the
+    quick stage, as the pruner's own records leave them."""
+    from optuna.distributions import FloatDistribution
+
+    study = optuna.create_study(direction="maximize", pruner=pruner)
+    key = _keys.PRUNER_STAGE_VALUE + "quick"
+    x = {"x": FloatDistribution(0, 1)}
+    for quick, final in finishers:
+        attrs = {key: quick, _keys.PRUNER_STAGE_REACHED: "full"}
+        study.add_trial(
+            optuna.trial.create_trial(
+                params={"x": 0.5}, distributions=x, value=final, system_attrs=attrs
+            )
+        )
+    for quick in others:
+        attrs = {key: quick, _keys.PRUNER_STAGE_REACHED: "quick"}
+        study.add_trial(
+            optuna.trial.create_trial(
+                params={"x": 0.5},
+                distributions=x,
+                state=optuna.trial.TrialState.PRUNED,
+                system_attrs=attrs,
+            )
+        )
+    return study
+
+
+@pytest.mark.parametrize(
+    ("finals", "threshold", "pruned", "tau"),
+    [
+        ((0.6, 0.7, 0.8, 0.9), 0.3, False, -1.0),  # the quick stage orders the best backwards
+        ((0.9, 0.8, 0.7, 0.6), 0.3, True, 1.0),  # it orders them well: its share decides
+        ((0.6, 0.7, 0.8, 0.9), None, True, None),  # off: its share decides
+    ],
+)
+def test_a_stage_weak_within_the_top_cuts_only_its_bottom_half(
+    finals: tuple[float, ...], threshold: float | None, pruned: bool, tau: float | None
+) -> None:
+    plan = StagePlan(stages=(Stage("quick", 2, 0.1, promote=0.25), Stage("full", 2, 0.1)))
+    pruner = StagedPruner(plan, min_top_fidelity=threshold, fidelity_trials=4)
+    quick = (0.9, 0.8, 0.7, 0.6)
+    others = [0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.5]
+    study = _study_with_finishers(pruner, list(zip(quick, finals)), others)
+    # 13 compete at the quick stage: 3 are promoted by the share, 6 in the better half
+    trial = study.ask({"x": optuna.distributions.FloatDistribution(0, 1)})
+    trial.report(0.65, 2)
+    assert trial.should_prune() is pruned
+    attrs = study._storage.get_trial_system_attrs(trial._trial_id)
+    assert attrs.get(_keys.PRUNER_TOP_FIDELITY + "quick") == tau
+    # the bottom half is cut whatever the fidelity
+    bottom = study.ask({"x": optuna.distributions.FloatDistribution(0, 1)})
+    bottom.report(0.12, 2)
+    assert bottom.should_prune()
+
+
+def test_top_fidelity_waits_for_enough_finishers_and_checks_its_arguments() -> None:
+    plan = StagePlan(stages=(Stage("quick", 2, 0.1, promote=0.25), Stage("full", 2, 0.1)))
+    pruner = StagedPruner(plan, min_top_fidelity=0.3, fidelity_trials=5)
+    study = _study_with_finishers(
+        pruner, [(0.9, 0.6), (0.8, 0.7), (0.7, 0.8), (0.6, 0.9)], [0.1, 0.2, 0.3, 0.4, 0.5]
+    )
+    trial = study.ask({"x": optuna.distributions.FloatDistribution(0, 1)})
+    trial.report(0.65, 2)
+    assert trial.should_prune()  # 4 finishers of the 5 it waits for: the share decides
+    with pytest.raises(ValueError, match="min_top_fidelity"):
+        StagedPruner(plan, min_top_fidelity=1.5)
+    with pytest.raises(ValueError, match="fidelity_trials"):
+        StagedPruner(plan, min_top_fidelity=0.3, fidelity_trials=2)
