@@ -21,6 +21,10 @@ from optuna_hpcnas._validation import check_int
 from optuna_hpcnas.samplers import _proposals
 from optuna_hpcnas.samplers._base import ArchitectureSampler
 from optuna_hpcnas.samplers._evolution import _variation
+from optuna_hpcnas.samplers._evolution._breeding import architecture_key
+from optuna_hpcnas.samplers._evolution._breeding import ArchitectureSpace
+from optuna_hpcnas.samplers._evolution._breeding import BreedingSpace
+from optuna_hpcnas.samplers._evolution._breeding import ParamSpace
 from optuna_hpcnas.samplers._evolution._cache import StudyCache
 from optuna_hpcnas.samplers._evolution._screening import Features
 from optuna_hpcnas.samplers._evolution._screening import screen
@@ -38,15 +42,13 @@ if TYPE_CHECKING:
     from optuna.study import Study
     from optuna.trial import FrozenTrial
 
+    from optuna_hpcnas.samplers._evolution._cache import KeyFn
     from optuna_hpcnas.samplers._evolution._cache import Member
-    from optuna_hpcnas.search_space import Architecture
     from qubo import Surrogate
 
 # Mutations (then random draws) tried before the next fallback. Few: enumerating the
 # parent's neighbours is exact and, on small spaces, cheaper than many blind retries.
 _MAX_ATTEMPTS = 4
-# Spaces up to this size are enumerated (once) to draw among unseen architectures exactly.
-_ENUMERABLE = 20_000
 # Screening pool: random two-decision mutations and random points beside the neighbourhoods
 # (they let the surrogate leave a local optimum), and a cap for very large neighbourhoods;
 # the sizes were tuned on NAS-Bench-201 cifar10 (docs/samplers.md).
@@ -355,27 +357,22 @@ class EvolutionarySampler(ArchitectureSampler):
             hierarchical = space is not None and set(search_space) == set(
                 cache.space_distributions or {}
             )
-            if self._avoid_duplicates:
-                if hierarchical:
-                    assert space is not None
-                    cache.use_keys(id(space), self._arch_key_fn(space))
-                else:
-                    frozen = dict(search_space)
-                    cache.use_keys(
-                        frozenset(frozen.items()), _variation.params_key_function(frozen)
-                    )
-            cache.update(trial.number, self._population_size)
-            rng = self._rng(trial.number)
-            avoid = self._avoid_duplicates
+            signature: Hashable
             if hierarchical:
                 assert space is not None
-                # Once every architecture was seen, avoiding duplicates only costs time.
-                avoid = avoid and cache.num_seen < cache.space_cardinality
-                origin, alternatives = self._child_of_space(cache, space, rng)
-                key_fn = self._arch_key_fn(space)
+                key_fn, signature = architecture_key(space), id(space)
             else:
-                origin, alternatives = self._child_of_params(cache, search_space, rng)
                 key_fn = _variation.params_key_function(dict(search_space))
+                signature = frozenset(search_space.items())
+            if self._avoid_duplicates:
+                cache.use_keys(signature, key_fn)
+            cache.update(trial.number, self._population_size)
+            rng = self._rng(trial.number)
+            breeding = self._breeding(
+                cache, space if hierarchical else None, search_space, key_fn, rng
+            )
+            origin, alternatives = self._child(cache, breeding, rng)
+            avoid = breeding.avoid
 
             def candidates() -> Iterator[dict[str, Any]]:
                 yield origin["params"]
@@ -400,17 +397,25 @@ class EvolutionarySampler(ArchitectureSampler):
         self._late.record(trial._trial_id, params)
         return params
 
-    @staticmethod
-    def _arch_key_fn(space: HierarchicalSearchSpace) -> Any:
-        # The active, non-constant parameters identify an architecture exactly as its one-hot
-        # encoding does (``space.encode``), at a fraction of the cost.
-        names = frozenset(space.distributions())
-
-        def key(params: dict[str, Any]) -> Hashable | None:
-            # A set of (name, value) pairs: no sort, and the screening keys hundreds a call.
-            return frozenset((k, v) for k, v in params.items() if k in names)
-
-        return key
+    def _breeding(
+        self,
+        cache: StudyCache,
+        space: HierarchicalSearchSpace | None,
+        search_space: dict[str, BaseDistribution],
+        key_fn: KeyFn,
+        rng: np.random.Generator,
+    ) -> BreedingSpace[Any]:
+        """Where this ask breeds: ``space`` (hierarchical) or else flat ``search_space``."""
+        avoid, attempts = self._avoid_duplicates, _MAX_ATTEMPTS
+        if space is not None:
+            weights = self._level_weights
+            return ArchitectureSpace(
+                cache, space, rng, key_fn, avoid=avoid, attempts=attempts, level_weights=weights
+            )
+        scale = self._mutation_scale
+        return ParamSpace(
+            cache, search_space, rng, key_fn, avoid=avoid, attempts=attempts, scale=scale
+        )
 
     def _tournament(
         self,
@@ -440,174 +445,51 @@ class EvolutionarySampler(ArchitectureSampler):
             second = population[self._tournament(population, keys, rng, exclude=first)]
         return population[first], second
 
-    def _child_of_space(
-        self, cache: StudyCache, space: HierarchicalSearchSpace, rng: np.random.Generator
+    def _child(
+        self, cache: StudyCache, breeding: BreedingSpace[Any], rng: np.random.Generator
     ) -> tuple[dict[str, Any], Iterator[dict[str, Any]]]:
         """The child's origin record and, lazily, unseen alternatives in order of preference
         (for a claim that finds the child taken by another worker)."""
-        key_fn = self._arch_key_fn(space)
-        # Once every architecture was seen, avoiding duplicates only costs time.
-        avoid = self._avoid_duplicates and cache.num_seen < cache.space_cardinality
-
-        def unseen(params: dict[str, Any]) -> bool:
-            return not avoid or not cache.is_seen(key_fn(params))
-
-        def random_child() -> dict[str, Any]:
-            params = space.to_params(space.sample(rng))
-            for _ in range(_MAX_ATTEMPTS):
-                if unseen(params):
-                    break
-                params = space.to_params(space.sample(rng))
-            return params
-
-        def tail() -> Iterator[dict[str, Any]]:
-            return self._unseen_tail(cache, space, rng, key_fn, avoid, random_child)
-
         origin = _random_origin()
         parents = self._parents(cache, rng)
-        parent_arch = None
-        if parents is not None:
-            parent_arch = self._architecture(space, parents[0].params)
-        if parents is None or parent_arch is None:
-            origin["params"] = random_child()
-            return origin, tail()
+        parent = None if parents is None else breeding.parent(parents[0])
+        if parents is None or parent is None:
+            origin["params"] = breeding.random()
+            return origin, breeding.tail()
         first, second = parents
         if self._surrogate is not None and second is None:
-            screened = self._screened_child(cache, space, rng, first, key_fn, avoid, random_child)
+            screened = self._screened(cache, first, breeding, rng)
             if screened is not None:
-                origin.update(operation="screened", parent=first.number)
-                origin["params"] = screened[0]
-                return origin, itertools.chain(screened[1:], tail())
-        base = parent_arch
-        origin["parent"] = first.number
-        origin["operation"] = "mutation"
+                origin.update(operation="screened", parent=first.number, params=screened[0])
+                return origin, itertools.chain(screened[1:], breeding.after_screening())
+        base = parent
+        origin.update(operation="mutation", parent=first.number)
         if second is not None:
-            other = self._architecture(space, second.params)
-            if other is not None:
-                base = _variation.crossover_architectures(space, parent_arch, other, rng)
-                origin["operation"] = "crossover"
-                origin["second_parent"] = second.number
-        base_params = space.to_params(base)
-        fresh = (
-            [p for p in _variation.neighbours(space, parent_arch) if unseen(p)] if avoid else []
-        )
+            crossed = breeding.crossover(parent, second)
+            if crossed is not None:
+                base = crossed
+                origin.update(operation="crossover", second_parent=second.number)
+        fresh = breeding.neighbours(parent)
         order = [fresh[int(i)] for i in rng.permutation(len(fresh))]
-        # Most of a nearly exhausted space is seen: go to the exact neighbour list sooner.
-        crowded = 2 * cache.num_seen > cache.space_cardinality
-        for _ in range(1 if crowded else _MAX_ATTEMPTS):
-            params, level = self._mutate(space, base, base_params, rng)
-            if unseen(params):
-                origin["level"] = level
-                origin["params"] = params
-                return origin, itertools.chain(order, tail())
+        for _ in range(breeding.mutation_attempts):
+            params, level = breeding.mutate(base)
+            if breeding.unseen(params):
+                origin.update(level=level, params=params)
+                return origin, itertools.chain(order, breeding.tail())
         if order:
-            origin["operation"] = "neighbour"
-            origin["params"] = order[0]
-            return origin, itertools.chain(order[1:], tail())
-        return self._unseen_child(cache, space, rng, key_fn, avoid, random_child)
-
-    def _screened_child(
-        self,
-        cache: StudyCache,
-        space: HierarchicalSearchSpace,
-        rng: np.random.Generator,
-        first: Member,
-        key_fn: Callable[[dict[str, Any]], Any],
-        avoid: bool,
-        random_child: Callable[[], dict[str, Any]],
-    ) -> list[dict[str, Any]] | None:
-        """Surrogate-screened local search around ``first``: the candidates in order of
-        preference (``None`` when screening has nothing to rank)."""
-
-        def around(params: dict[str, Any]) -> list[dict[str, Any]]:
-            # Neighbour lists are exact and reused (architectures never change).
-            key = key_fn(params)
-            if key not in cache.neighbour_lists:
-                arch = self._architecture(space, params)
-                found = [] if arch is None else _variation.neighbours(space, arch)
-                cache.neighbour_lists[key] = found
-            return cache.neighbour_lists[key]
-
-        def mutant(params: dict[str, Any]) -> dict[str, Any]:
-            first_step = around(params)
-            if not first_step:
-                return params
-            step = first_step[int(rng.integers(len(first_step)))]
-            second_step = around(step)
-            return second_step[int(rng.integers(len(second_step)))] if second_step else step
-
-        pool_random = random_child
-        if avoid and cache.space_cardinality <= _ENUMERABLE:
-            left = cache.unseen(
-                lambda: [(key_fn(p), p) for p in map(space.to_params, space.enumerate())]
-            )
-            if left:
-
-                def pool_random() -> dict[str, Any]:
-                    return dict(left[int(rng.integers(len(left)))])
-
-        screened = self._screened(
-            cache,
-            first,
-            dict(cache.space_distributions or {}),
-            around,
-            mutant,
-            pool_random,
-            key_fn,
-            lambda key: avoid and cache.is_seen(key),
-            rng,
-        )
-        return screened
-
-    def _unseen_child(
-        self,
-        cache: StudyCache,
-        space: HierarchicalSearchSpace,
-        rng: np.random.Generator,
-        key_fn: Callable[[dict[str, Any]], Any],
-        avoid: bool,
-        random_child: Callable[[], dict[str, Any]],
-    ) -> tuple[dict[str, Any], Iterator[dict[str, Any]]]:
-        """No child from the parents: an unseen architecture drawn exactly (small spaces) or
-        at random."""
+            origin.update(operation="neighbour", params=order[0])
+            return origin, itertools.chain(order[1:], breeding.tail())
+        # No unseen child of the parents: an unseen candidate drawn exactly or at random.
         origin = _random_origin()
-        tail = self._unseen_tail(cache, space, rng, key_fn, avoid, random_child)
+        tail = breeding.tail()
         origin["params"] = next(tail)
         return origin, tail
-
-    def _unseen_tail(
-        self,
-        cache: StudyCache,
-        space: HierarchicalSearchSpace,
-        rng: np.random.Generator,
-        key_fn: Callable[[dict[str, Any]], Any],
-        avoid: bool,
-        random_child: Callable[[], dict[str, Any]],
-    ) -> Iterator[dict[str, Any]]:
-        """Every architecture unseen at the first read, in random order (small spaces), or
-        endless random draws: the end of the candidates, so that a claim finds a free one
-        while any is left however many the other workers hold."""
-        if avoid and cache.space_cardinality <= _ENUMERABLE:
-            left = cache.unseen(
-                lambda: [(key_fn(p), p) for p in map(space.to_params, space.enumerate())]
-            )
-            if left:
-                for i in rng.permutation(len(left)):
-                    yield dict(left[int(i)])
-                return
-        while True:
-            yield random_child()
 
     def _screened(
         self,
         cache: StudyCache,
         winner: Member,
-        space: Mapping[str, BaseDistribution],
-        around: Callable[[dict[str, Any]], list[dict[str, Any]]],
-        mutant: Callable[[dict[str, Any]], dict[str, Any]],
-        random_child: Callable[[], dict[str, Any]],
-        key_fn: Callable[[dict[str, Any]], Hashable | None],
-        seen: Callable[[Hashable], bool],
+        breeding: BreedingSpace[Any],
         rng: np.random.Generator,
     ) -> list[dict[str, Any]] | None:
         """Unseen candidates around the winner and the incumbent, best surrogate draw first;
@@ -622,18 +504,18 @@ class EvolutionarySampler(ArchitectureSampler):
         pool: dict[Hashable, dict[str, Any]] = {}
 
         def add(params: dict[str, Any]) -> None:
-            key = key_fn(params)
-            if key is not None and key not in pool and not seen(key):
+            key = breeding.key(params)
+            if key is not None and key not in pool and not breeding.seen(key):
                 pool[key] = params
 
         parents = {winner.number: winner, **{members[i].number: members[i] for i in best}}
         for member in parents.values():
-            for params in around(dict(member.params)):
+            for params in breeding.around(dict(member.params)):
                 add(params)
         for _ in range(_POOL_MUTANTS):
-            add(mutant(dict(winner.params)))
+            add(breeding.mutant(dict(winner.params)))
         for _ in range(_POOL_RANDOM):
-            add(random_child())
+            add(breeding.pool_random())
         candidates = list(pool.values())
         if len(candidates) > _POOL_MAX:
             candidates = [candidates[int(i)] for i in rng.permutation(len(candidates))[:_POOL_MAX]]
@@ -647,7 +529,7 @@ class EvolutionarySampler(ArchitectureSampler):
         scores = normal_scores([k[2:] for k in keys] if constraint is not None else keys)
         return screen(
             self._surrogate,
-            Features(space),
+            Features(breeding.distributions),
             [m.params for m in members],
             scores,
             candidates,
@@ -655,106 +537,6 @@ class EvolutionarySampler(ArchitectureSampler):
             constraint,
             self._feasibility,
         )
-
-    @staticmethod
-    def _architecture(
-        space: HierarchicalSearchSpace, params: Mapping[str, Any]
-    ) -> Architecture | None:
-        names = set(space.distributions())
-        try:
-            return space.from_params({k: v for k, v in params.items() if k in names})
-        except ValueError:
-            return None
-
-    def _mutate(
-        self,
-        space: HierarchicalSearchSpace,
-        arch: Architecture,
-        params: dict[str, Any],
-        rng: np.random.Generator,
-    ) -> tuple[dict[str, Any], str | None]:
-        """Params of a one-decision mutation of ``arch`` (whose params are ``params``), and
-        the level of the decision that changed."""
-        if self._level_weights is not None:
-            levels = sorted(
-                {
-                    space.decision(name).level
-                    for name in params
-                    if len(space.decision(name).choices) > 1
-                },
-                key=list(Level).index,
-            )
-            weights = np.array([self._level_weights.get(lv, 0.0) for lv in levels])
-            if weights.sum() > 0:
-                level = levels[int(rng.choice(len(levels), p=weights / weights.sum()))]
-                try:
-                    child = space.mutate(arch, rng, level=level)
-                    return space.to_params(child), level.value
-                except ValueError:
-                    pass  # e.g. no feasible cluster layout at that level
-        after = space.to_params(space.mutate(arch, rng))
-        changed = [n for n in params if n in after and params[n] != after[n]]
-        return after, space.decision(changed[0]).level.value if changed else None
-
-    def _child_of_params(
-        self,
-        cache: StudyCache,
-        search_space: dict[str, BaseDistribution],
-        rng: np.random.Generator,
-    ) -> tuple[dict[str, Any], Iterator[dict[str, Any]]]:
-        key_fn = _variation.params_key_function(search_space)
-
-        def unseen(params: dict[str, Any]) -> bool:
-            return not self._avoid_duplicates or not cache.is_seen(key_fn(params))
-
-        def random_child() -> dict[str, Any]:
-            params: dict[str, Any] = {}
-            for _ in range(_MAX_ATTEMPTS):
-                params = {n: _variation.sample_value(d, rng) for n, d in search_space.items()}
-                if unseen(params):
-                    break
-            return params
-
-        def randoms() -> Iterator[dict[str, Any]]:
-            while True:
-                yield random_child()
-
-        origin = _random_origin()
-        parents = self._parents(cache, rng)
-        if parents is None:
-            origin["params"] = random_child()
-            return origin, randoms()
-        first, second = parents
-        scale = self._mutation_scale
-        if self._surrogate is not None and second is None:
-            screened = self._screened(
-                cache,
-                first,
-                search_space,
-                lambda p: _variation.param_neighbours(search_space, p, rng, scale),
-                lambda p: _variation.mutate_some(search_space, p, rng, scale, 2),
-                random_child,
-                key_fn,
-                lambda key: self._avoid_duplicates and cache.is_seen(key),
-                rng,
-            )
-            if screened is not None:
-                origin.update(operation="screened", parent=first.number)
-                origin["params"] = screened[0]
-                return origin, iter(screened[1:] + [random_child() for _ in range(4)])
-        base = first.params
-        origin.update(operation="mutation", parent=first.number)
-        if second is not None:
-            base = _variation.crossover_params(search_space, first.params, second.params, rng)
-            origin.update(operation="crossover", second_parent=second.number)
-        for _ in range(_MAX_ATTEMPTS):
-            params = _variation.mutate_params(search_space, base, rng, scale)
-            if unseen(params):
-                origin["params"] = params
-                return origin, randoms()
-        origin = _random_origin()
-        origin["params"] = random_child()
-        return origin, randoms()
 
 
 def _random_origin() -> dict[str, Any]:
