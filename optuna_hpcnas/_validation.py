@@ -31,7 +31,7 @@ def check_int(
     if value is None and allow_none:
         return
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"`{name}` must be an int, but got {value!r}.")
+        raise TypeError(f"`{name}` is {value!r}, but must be an int.")
     if int(value) < minimum:
         raise ValueError(f"`{name}` is {value}, but must be >= {minimum}.")
     if maximum is not None and int(value) > maximum:
@@ -65,18 +65,45 @@ def check_heartbeat(interval: Any, grace_period: Any, max_retry: Any) -> None:
 
 
 def check_number(
-    name: str, value: Any, *, positive: bool = True, allow_none: bool = False
+    name: str,
+    value: Any,
+    *,
+    positive: bool = True,
+    minimum: float | None = None,
+    allow_none: bool = False,
 ) -> None:
-    """A finite int or float (``> 0`` when ``positive``): NaN and infinity are refused, as
-    they pass every comparison-based check and fail much later."""
+    """A finite int or float, ``> 0`` when ``positive`` and ``>= minimum`` when given: NaN and
+    infinity are refused, as they pass every comparison-based check and fail much later."""
     if value is None and allow_none:
         return
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"`{name}` must be a number, but got {value!r}.")
+        raise TypeError(f"`{name}` is {value!r}, but must be a number.")
     if not math.isfinite(value):
         raise ValueError(f"`{name}` is {value}, but must be a finite number.")
     if positive and value <= 0:
         raise ValueError(f"`{name}` is {value}, but must be > 0.")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"`{name}` is {value}, but must be >= {minimum}.")
+
+
+def check_bool(name: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise TypeError(f"`{name}` is {value!r}, but must be a bool.")
+
+
+def check_str(
+    name: str,
+    value: Any,
+    *,
+    what: str = "a string",
+    nonempty: bool = False,
+    allow_none: bool = False,
+) -> None:
+    """A ``str`` (not blank when ``nonempty``); ``what`` says what it names in the message."""
+    if value is None and allow_none:
+        return
+    if not isinstance(value, str) or (nonempty and not value.strip()):
+        raise TypeError(f"`{name}` is {value!r}, but must be {what}.")
 
 
 def check_choice(name: str, value: Any, allowed: Sequence[str]) -> None:
@@ -86,4 +113,4 @@ def check_choice(name: str, value: Any, allowed: Sequence[str]) -> None:
 
 def check_table(name: str, value: Any) -> None:
     if not isinstance(value, Mapping):
-        raise TypeError(f"`{name}` must be a table, but got {value!r}.")
+        raise TypeError(f"`{name}` is {value!r}, but must be a table.")

@@ -44,6 +44,9 @@ import re
 import sys
 from typing import Any
 
+from optuna_hpcnas._validation import check_bool
+from optuna_hpcnas._validation import check_str
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # Python 3.10: the same parser, from PyPI
@@ -93,10 +96,8 @@ class StudyConfig:
     enqueue: tuple[str | Mapping[str, Any], ...] = ()
 
     def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not self.name:
-            raise TypeError(f"`name` must be a non-empty string, but got {self.name!r}.")
-        if self.storage is not None and (not isinstance(self.storage, str) or not self.storage):
-            raise TypeError(f"`storage` must be a URL string, but got {self.storage!r}.")
+        check_str("name", self.name, what="a non-empty string", nonempty=True)
+        check_str("storage", self.storage, what="a URL string", nonempty=True, allow_none=True)
         if self.directions is not None:
             directions = (
                 (self.directions,) if isinstance(self.directions, str) else self.directions
@@ -110,8 +111,7 @@ class StudyConfig:
         check_number("timeout", self.timeout, allow_none=True)
         if self.n_trials is None and self.timeout is None:
             raise ValueError("Set `n_trials` or `timeout` (or both): the search must end.")
-        if not isinstance(self.load_if_exists, bool):
-            raise TypeError(f"`load_if_exists` must be a bool, but got {self.load_if_exists!r}.")
+        check_bool("load_if_exists", self.load_if_exists)
         if isinstance(self.enqueue, (str, Mapping)) or not isinstance(self.enqueue, Sequence):
             raise TypeError(
                 "`enqueue` must be a list of model names or parameter tables, "
@@ -151,8 +151,7 @@ class SpaceConfig:
         from optuna_hpcnas.search_space._presets import PRESETS
 
         if self.file is not None:
-            if not isinstance(self.file, str):
-                raise TypeError(f"`file` must be a path string, but got {self.file!r}.")
+            check_str("file", self.file, what="a path string")
             object.__setattr__(self, "preset", None)
         elif self.preset not in PRESETS:
             raise ValueError(f"`preset` is {self.preset!r}, but must be one of {sorted(PRESETS)}.")
@@ -299,9 +298,9 @@ class DataConfig:
     def __post_init__(self) -> None:
         check_choice("name", self.name, DATASETS)
         for key in ("path", "root", "dataset"):
-            value = getattr(self, key)
-            if value is not None and (not isinstance(value, str) or not value):
-                raise TypeError(f"`{key}` must be a path string, but got {value!r}.")
+            check_str(
+                key, getattr(self, key), what="a path string", nonempty=True, allow_none=True
+            )
         if self.factory is not None and (
             not isinstance(self.factory, str) or not re.fullmatch(r"[\w.]+:[\w.]+", self.factory)
         ):
@@ -332,8 +331,7 @@ class DataConfig:
                 f"`generator_seed` is {self.generator_seed}, but only generated data sets "
                 "(name = 'mnist1d') take one."
             )
-        if not isinstance(self.normalize, bool):
-            raise TypeError(f"`normalize` must be a bool, but got {self.normalize!r}.")
+        check_bool("normalize", self.normalize)
         if self.image_size is not None:
             size = tuple(self.image_size)
             if len(size) != 2 or any(
@@ -413,10 +411,8 @@ class MetricsConfig:
     refresh_seconds: float = 2.0  # how often the study-wide series are re-read from storage
 
     def __post_init__(self) -> None:
-        if not isinstance(self.enabled, bool):
-            raise TypeError(f"`enabled` must be a bool, but got {self.enabled!r}.")
-        if not isinstance(self.host, str):
-            raise TypeError(f"`host` must be a string, but got {self.host!r}.")
+        check_bool("enabled", self.enabled)
+        check_str("host", self.host)
         check_int("port", self.port, 0, maximum=65535, allow_none=True)
         check_number("refresh_seconds", self.refresh_seconds)
 

@@ -10,7 +10,11 @@ from dataclasses import dataclass
 from dataclasses import fields
 from typing import Any
 
+from optuna_hpcnas._validation import check_bool
 from optuna_hpcnas._validation import check_heartbeat
+from optuna_hpcnas._validation import check_int
+from optuna_hpcnas._validation import check_number
+from optuna_hpcnas._validation import check_str
 
 
 @dataclass(frozen=True)
@@ -72,22 +76,13 @@ class CheckpointConfig:
             "chunk_bytes": 1024,
         }
         for name, minimum in minimums.items():
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise TypeError(f"`{name}` is {value!r}, but must be an int.")
-            if value < minimum:
-                raise ValueError(f"`{name}` is {value}, but must be >= {minimum}.")
+            check_int(name, getattr(self, name), minimum)
         if self.zstd_level > 22:
             raise ValueError(f"`zstd_level` is {self.zstd_level}, but must be <= 22.")
         check_heartbeat(self.heartbeat_interval, self.grace_period, self.max_retry)
-        if not isinstance(self.enabled, bool):
-            raise TypeError(f"`enabled` is {self.enabled!r}, but must be a bool.")
-        if self.artifact_store is not None and not isinstance(self.artifact_store, str):
-            raise TypeError(
-                f"`artifact_store` is {self.artifact_store!r}, but must be a directory path."
-            )
-        if isinstance(self.exit_deadline, bool) or not isinstance(self.exit_deadline, int | float):
-            raise TypeError(f"`exit_deadline` is {self.exit_deadline!r}, but must be a number.")
+        check_bool("enabled", self.enabled)
+        check_str("artifact_store", self.artifact_store, what="a directory path", allow_none=True)
+        check_number("exit_deadline", self.exit_deadline, positive=False)
         if not 0 < self.exit_deadline <= 30:
             raise ValueError(
                 f"`exit_deadline` is {self.exit_deadline}, but must be in (0, 30] seconds."

@@ -33,6 +33,7 @@ import numpy as np
 
 from optuna_hpcnas import _keys
 from optuna_hpcnas._records import OPTUNA_ARTIFACTS_PREFIX
+from optuna_hpcnas._validation import check_int
 from optuna_hpcnas.checkpoints._config import CheckpointConfig
 from optuna_hpcnas.checkpoints._format import bits
 from optuna_hpcnas.checkpoints._format import CheckpointFormatError
@@ -328,10 +329,7 @@ class CheckpointManager:
             full: Force a full (``True``) or incremental (``False``) checkpoint; by default
                 every ``full_every``-th checkpoint of a chain is full.
         """
-        if isinstance(step, bool) or not isinstance(step, int | np.integer):
-            raise TypeError(f"`step` is {step!r}, but must be an int.")
-        if step < 0:
-            raise ValueError(f"`step` is {step}, but must be >= 0.")
+        check_int("step", step, 0)
         if not isinstance(state, Mapping):
             raise TypeError(f"`state` is {type(state).__name__}, but must be a mapping.")
         meta = dict(metadata or {})

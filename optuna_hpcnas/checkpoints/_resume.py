@@ -25,6 +25,8 @@ from typing import Protocol
 from typing import TYPE_CHECKING
 
 from optuna_hpcnas import _keys
+from optuna_hpcnas._validation import check_number
+from optuna_hpcnas._validation import check_str
 from optuna_hpcnas.checkpoints._config import CheckpointConfig
 
 if TYPE_CHECKING:
@@ -55,8 +57,7 @@ def heartbeat_storage(
     """
     from optuna_hpcnas.storages import rdb_storage
 
-    if not isinstance(url, str):
-        raise TypeError(f"`url` is {url!r}, but must be a SQLAlchemy URL string.")
+    check_str("url", url, what="a SQLAlchemy URL string")
     config = config or CheckpointConfig()
     return rdb_storage(
         url,
@@ -162,8 +163,7 @@ class PreemptionGuard:
     ) -> None:
         if checkpoint is not None and not callable(checkpoint):
             raise TypeError(f"`checkpoint` is {checkpoint!r}, but must be callable or None.")
-        if isinstance(deadline, bool) or not isinstance(deadline, int | float):
-            raise TypeError(f"`deadline` is {deadline!r}, but must be a number.")
+        check_number("deadline", deadline, positive=False)
         if not 0 < deadline <= 30:
             raise ValueError(f"`deadline` is {deadline}, but must be in (0, 30] seconds.")
         resolved = []

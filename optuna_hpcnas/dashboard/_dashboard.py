@@ -20,6 +20,7 @@ from optuna_hpcnas import _keys
 from optuna_hpcnas import _records
 from optuna_hpcnas._records import record_architecture
 from optuna_hpcnas._records import summary_of
+from optuna_hpcnas._validation import check_int
 from optuna_hpcnas.search_space import Architecture
 
 if TYPE_CHECKING:
@@ -259,8 +260,7 @@ class DashboardCallback:
     """
 
     def __init__(self, *, every: int = 10) -> None:
-        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
-            raise ValueError(f"`every` is {every!r}, but must be an integer >= 1.")
+        check_int("every", every, 1)
         self._every = every
         self._seen = 0
 

@@ -24,6 +24,8 @@ from torch.utils.data import DataLoader
 from torch.utils.data import Dataset
 from torch.utils.data import TensorDataset
 
+from optuna_hpcnas._validation import check_int
+
 DOMAINS = ("image", "sequence")
 
 
@@ -49,10 +51,7 @@ class TaskData:
     def __post_init__(self) -> None:
         if self.domain not in DOMAINS:
             raise ValueError(f"`domain` is {self.domain!r}, but must be one of {list(DOMAINS)}.")
-        if isinstance(self.num_classes, bool) or not isinstance(self.num_classes, int):
-            raise TypeError(f"`num_classes` must be an int, but got {self.num_classes!r}.")
-        if self.num_classes < 2:
-            raise ValueError(f"`num_classes` is {self.num_classes}, but must be >= 2.")
+        check_int("num_classes", self.num_classes, 2)
         object.__setattr__(self, "input_shape", tuple(int(s) for s in self.input_shape))
         for split in ("train", "valid", "test"):
             if not isinstance(getattr(self, split), Dataset):

@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from optuna_hpcnas._validation import check_int
+
 if TYPE_CHECKING:
     import torch
 
@@ -126,8 +128,7 @@ class ParameterAverager:
             raise ValueError(
                 f"`compression` is {compression!r}, but must be one of {list(COMPRESSIONS)}."
             )
-        if isinstance(interval, bool) or not isinstance(interval, int) or interval < 1:
-            raise ValueError(f"`interval` is {interval!r}, but must be an integer >= 1.")
+        check_int("interval", interval, 1)
         if not group.is_leader:
             raise ValueError("Only group leaders average weights; this rank is not one.")
         self._group = group

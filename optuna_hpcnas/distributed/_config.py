@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 from optuna_hpcnas._validation import check_choice
 from optuna_hpcnas._validation import check_int
+from optuna_hpcnas._validation import check_number
+from optuna_hpcnas._validation import check_str
 
 ENGINES = ("auto", "deepspeed")
 BACKENDS = ("auto", "gloo", "nccl")
@@ -79,19 +81,9 @@ class DistributedConfig:
         check_choice("engine", self.engine, ENGINES)
         check_choice("ask_ahead", self.ask_ahead, ("auto", "on", "off"))
         check_choice("backend", self.backend, BACKENDS)
-        if not isinstance(self.master_addr, str):
-            raise TypeError(f"`master_addr` must be a string, but got {self.master_addr!r}.")
+        check_str("master_addr", self.master_addr)
         check_int("master_port", self.master_port, 0)
-        if isinstance(self.collective_timeout_s, bool) or not isinstance(
-            self.collective_timeout_s, (int, float)
-        ):
-            raise TypeError(
-                f"`collective_timeout_s` must be a number, but got {self.collective_timeout_s!r}."
-            )
-        if self.collective_timeout_s <= 0:
-            raise ValueError(
-                f"`collective_timeout_s` is {self.collective_timeout_s}, but must be > 0."
-            )
+        check_number("collective_timeout_s", self.collective_timeout_s)
         check_choice("shm_op", self.shm_op, SHM_OP)
         check_choice("scheduler", self.scheduler, SCHEDULERS)
         check_int("lookahead", self.lookahead, 1)

@@ -19,6 +19,8 @@ import threading
 from typing import Any
 from typing import Protocol
 
+from optuna_hpcnas._validation import check_int
+
 _logger = logging.getLogger(__name__)
 
 
@@ -108,10 +110,7 @@ def assign_groups(placements: Sequence[Placement], group_size: int) -> list[int]
         >>> assign_groups(p, 2)
         [0, 0, 1, 1, 2, 2, 3, 3]
     """
-    if isinstance(group_size, bool) or not isinstance(group_size, int):
-        raise TypeError(f"`group_size` must be an int, but got {group_size!r}.")
-    if group_size < 1:
-        raise ValueError(f"`group_size` is {group_size}, but must be >= 1.")
+    check_int("group_size", group_size, 1)
     ordered = sorted(placements, key=lambda p: (p.node, p.local_rank))
     per_node: dict[int, list[Placement]] = {}
     for p in ordered:
@@ -285,10 +284,7 @@ def form_groups(comm: Any, group_size: int) -> EvaluationGroup:
     Collective over ``comm``. ``group_size`` larger than the world is reduced to the world.
     """
     ctx = rank_context(comm)
-    if isinstance(group_size, bool) or not isinstance(group_size, int):
-        raise TypeError(f"`group_size` must be an int, but got {group_size!r}.")
-    if group_size < 1:
-        raise ValueError(f"`group_size` is {group_size}, but must be >= 1.")
+    check_int("group_size", group_size, 1)
     if isinstance(comm, _SelfComm):
         return EvaluationGroup(ctx, 0, 1, comm, comm, comm, comm, True, (1,))
     from mpi4py import MPI

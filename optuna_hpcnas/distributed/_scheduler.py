@@ -15,6 +15,8 @@ from dataclasses import dataclass
 import heapq
 from typing import Any
 
+from optuna_hpcnas._validation import check_int
+
 
 @dataclass(frozen=True)
 class Task:
@@ -31,10 +33,7 @@ class BaseScheduler(abc.ABC):
     the moment it is idle and returns ``None`` when nothing is left."""
 
     def __init__(self, *, num_groups: int, source: Callable[[], Task | None] | None = None):
-        if isinstance(num_groups, bool) or not isinstance(num_groups, int):
-            raise TypeError(f"`num_groups` must be an int, but got {num_groups!r}.")
-        if num_groups < 1:
-            raise ValueError(f"`num_groups` is {num_groups}, but must be >= 1.")
+        check_int("num_groups", num_groups, 1)
         self._num_groups = num_groups
         self._source = source
 
@@ -78,8 +77,7 @@ class DynamicScheduler(BaseScheduler):
         lookahead: int = 64,
     ) -> None:
         super().__init__(num_groups=num_groups, source=source)
-        if isinstance(lookahead, bool) or not isinstance(lookahead, int) or lookahead < 1:
-            raise ValueError(f"`lookahead` is {lookahead!r}, but must be an integer >= 1.")
+        check_int("lookahead", lookahead, 1)
         self._cost_aware = bool(cost_aware)
         self._lookahead = lookahead
         self._queue: deque[Task] = deque()

@@ -20,6 +20,8 @@ import warnings
 
 import numpy as np
 
+from optuna_hpcnas._validation import check_int
+
 if TYPE_CHECKING:
     import onnxruntime
     import torch
@@ -94,8 +96,7 @@ def export_onnx(
 def session(path: str | Path, *, threads: int = 1) -> onnxruntime.InferenceSession:
     """A CPU onnxruntime session with ``threads`` intra-op threads (and one inter-op)."""
     ort = _require("onnxruntime")
-    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-        raise ValueError(f"`threads` is {threads!r}, but must be an integer >= 1.")
+    check_int("threads", threads, 1)
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1

@@ -15,17 +15,16 @@ import re
 import shlex
 from typing import Any
 
+from optuna_hpcnas._validation import check_int
+
 STORAGE_ENV = "OPTUNA_STORAGE"
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _WALLTIME = re.compile(r"^(\d+-)?\d{1,3}:\d{2}(:\d{2})?$")
 
 
 def _positive(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"`{name}` must be an int, but got {value!r}.")
-    if value < 1:
-        raise ValueError(f"`{name}` is {value}, but must be >= 1.")
-    return value
+    check_int(name, value, 1)
+    return int(value)
 
 
 def _hpcnas_args(command: str, config: str, extra: Sequence[str]) -> list[str]:

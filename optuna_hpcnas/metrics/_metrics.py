@@ -17,6 +17,9 @@ from typing import TYPE_CHECKING
 from optuna.samplers import BaseSampler
 from optuna.trial import TrialState
 
+from optuna_hpcnas._validation import check_int
+from optuna_hpcnas._validation import check_number
+
 if TYPE_CHECKING:
     from optuna.distributions import BaseDistribution
     from optuna.study import Study
@@ -52,10 +55,7 @@ def _state_name(state: TrialState | str) -> str:
 
 
 def _check_seconds(name: str, seconds: float) -> float:
-    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
-        raise TypeError(f"`{name}` must be a number, but got {seconds!r}.")
-    if not math.isfinite(seconds) or seconds < 0:
-        raise ValueError(f"`{name}` is {seconds!r}, but must be a finite number >= 0.")
+    check_number(name, seconds, positive=False, minimum=0)
     return float(seconds)
 
 
@@ -204,17 +204,13 @@ class SearchMetrics:
 
     def add_checkpoint_bytes(self, n: int) -> None:
         """Record one checkpoint of ``n`` bytes."""
-        if isinstance(n, bool) or not isinstance(n, int):
-            raise TypeError(f"`n` must be an int, but got {n!r}.")
-        if n < 0:
-            raise ValueError(f"`n` is {n}, but must be >= 0.")
+        check_int("n", n, 0)
         self.checkpoint_bytes.inc(n)
         self.checkpoints.inc()
 
     def set_target(self, n_trials: int | None) -> None:
         """The number of trials the search aims for (``None``: unbounded)."""
-        if n_trials is not None and (isinstance(n_trials, bool) or n_trials < 1):
-            raise ValueError(f"`n_trials` is {n_trials!r}, but must be >= 1 or None.")
+        check_int("n_trials", n_trials, 1, allow_none=True)
         self.target_trials.set(float(n_trials) if n_trials else 0.0)
 
     def update_from_study(self, study: Study, *, n_trials: int | None = None) -> None:
@@ -266,8 +262,7 @@ class MetricsCallback:
     ) -> None:
         if not isinstance(metrics, SearchMetrics):
             raise TypeError(f"`metrics` must be a SearchMetrics, but got {metrics!r}.")
-        if n_trials is not None and (not isinstance(n_trials, int) or n_trials < 1):
-            raise ValueError(f"`n_trials` is {n_trials!r}, but must be an int >= 1 or None.")
+        check_int("n_trials", n_trials, 1, allow_none=True)
         self._metrics = metrics
         self._n_trials = n_trials
         self._rank = rank

@@ -17,6 +17,8 @@ import threading
 from typing import Any
 from typing import TYPE_CHECKING
 
+from optuna_hpcnas._validation import check_int
+
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
@@ -107,8 +109,7 @@ def serve_metrics(
 
     from optuna_hpcnas.metrics._metrics import SearchMetrics
 
-    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
-        raise ValueError(f"`port` is {port!r}, but must be an integer in [0, 65535].")
+    check_int("port", port, 0, maximum=65535)
     directory = multiprocess_dir()
     if directory is not None:
         registry = pc.CollectorRegistry()

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import weakref
 
 from optuna_hpcnas import _keys
+from optuna_hpcnas._validation import check_int
 from optuna_hpcnas.search_space._architecture import Architecture
 from optuna_hpcnas.search_space._decisions import Choice
 from optuna_hpcnas.search_space._decisions import Decision
@@ -126,16 +127,10 @@ class HierarchicalSearchSpace(SpaceParams, SpaceVariation):
         registry: OperatorRegistry | None = None,
         target: str | None = None,
     ) -> None:
-        if isinstance(num_cells, bool) or not isinstance(num_cells, int):
-            raise TypeError(f"`num_cells` must be an int, but got {num_cells!r}.")
-        if num_cells < 1:
-            raise ValueError(f"`num_cells` is {num_cells}, but must be >= 1.")
+        check_int("num_cells", num_cells, 1)
         if domain not in DOMAINS:
             raise ValueError(f"`domain` is {domain!r}, but must be one of {list(DOMAINS)}.")
-        if max_ranks is not None and (
-            isinstance(max_ranks, bool) or not isinstance(max_ranks, int) or max_ranks < 1
-        ):
-            raise ValueError(f"`max_ranks` is {max_ranks!r}, but must be an integer >= 1 or None.")
+        check_int("max_ranks", max_ranks, 1, allow_none=True)
         self._registry = registry if registry is not None else OperatorRegistry.default()
         self._num_cells = num_cells
         self._domain = domain
@@ -383,8 +378,7 @@ class HierarchicalSearchSpace(SpaceParams, SpaceVariation):
             >>> space.to_dict()["data_parallel"], space.to_dict()["pipeline_stages"]
             ([1, 2], [1])
         """
-        if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 1:
-            raise ValueError(f"`ranks` is {ranks!r}, but must be an integer >= 1.")
+        check_int("ranks", ranks, 1)
         dp = [d for d in self._data_parallel if d <= ranks]
         pp = [p for p in self._pipeline_stages if p <= ranks]
         if not dp or not pp:

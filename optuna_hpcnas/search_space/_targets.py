@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from optuna_hpcnas._validation import check_str
 from optuna_hpcnas.search_space._operators import OperatorSpec
 
 
@@ -93,8 +94,7 @@ def target_profile(name: str) -> TargetProfile:
         >>> target_profile("npu-no-grouped").grouped_conv
         False
     """
-    if not isinstance(name, str):
-        raise TypeError(f"`target` must be a string, but got {name!r}.")
+    check_str("target", name)
     for profile in _profiles():
         if profile.name == name:
             return profile

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
+from optuna_hpcnas._validation import check_str
 from optuna_hpcnas.storages._open import StorageError
 from optuna_hpcnas.storages._rdb_artifacts import RDBArtifactStore
 
@@ -47,10 +48,7 @@ def artifact_store_for(
     from optuna_hpcnas.storages._files import AtomicFileSystemArtifactStore
 
     if artifact_store is not None:
-        if not isinstance(artifact_store, str) or not artifact_store.strip():
-            raise TypeError(
-                f"`artifact_store` is {artifact_store!r}, but must be a directory path or None."
-            )
+        check_str("artifact_store", artifact_store, what="a directory path", nonempty=True)
         path = os.path.abspath(artifact_store)
         if os.path.exists(path) and not os.path.isdir(path):
             raise StorageError(

@@ -35,6 +35,8 @@ from urllib.parse import urlunsplit
 import warnings
 
 from optuna_hpcnas._validation import check_heartbeat
+from optuna_hpcnas._validation import check_int
+from optuna_hpcnas._validation import check_number
 from optuna_hpcnas.storages._urls import mask_url
 from optuna_hpcnas.storages._urls import sqlite_file
 from optuna_hpcnas.storages._urls import storage_kind
@@ -131,23 +133,19 @@ def open_storage(
             study = optuna.create_study(storage=storage, study_name="nas", load_if_exists=True)
     """
     kind = storage_kind(url)
-    for name, value in (
-        ("heartbeat_interval", heartbeat_interval),
-        ("grace_period", grace_period),
-        ("max_retry", max_retry),
+    for name, value, minimum in (
+        ("heartbeat_interval", heartbeat_interval, 1),
+        ("grace_period", grace_period, 0),
+        ("max_retry", max_retry, 0),
     ):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-            raise TypeError(f"`{name}` is {value!r}, but must be an int or None.")
+        check_int(name, value, minimum, allow_none=True)
     if heartbeat_interval is None and (grace_period is not None or max_retry is not None):
         raise ValueError(
             f"`grace_period` is {grace_period!r} and `max_retry` is {max_retry!r}, but they "
             "need a `heartbeat_interval`."
         )
     for label, seconds in (("connect_timeout", connect_timeout), ("call_timeout", call_timeout)):
-        if isinstance(seconds, bool) or not isinstance(seconds, int | float):
-            raise TypeError(f"`{label}` is {seconds!r}, but must be a number.")
-        if not seconds > 0:
-            raise ValueError(f"`{label}` is {seconds}, but must be > 0.")
+        check_number(label, seconds)
     if heartbeat_interval is not None:
         # Validated before anything touches a file or a server.
         try:

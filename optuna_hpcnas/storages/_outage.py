@@ -18,13 +18,13 @@ import contextlib
 from dataclasses import dataclass
 import functools
 import logging
-import math
 import random
 import threading
 import time
 from typing import Any
 from typing import TypeVar
 
+from optuna_hpcnas._validation import check_number
 from optuna_hpcnas.storages._open import describe_storage
 from optuna_hpcnas.storages._open import StorageError
 from optuna_hpcnas.storages._urls import mask_url
@@ -171,13 +171,8 @@ class Backoff:
 
     def __post_init__(self) -> None:
         for name in ("base", "cap"):
-            value = getattr(self, name)
-            if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
-                raise ValueError(f"`{name}` is {value!r}, but must be a finite number > 0.")
-        if not (isinstance(self.factor, int | float) and math.isfinite(self.factor)):
-            raise ValueError(f"`factor` is {self.factor!r}, but must be a finite number.")
-        if self.factor < 1:
-            raise ValueError(f"`factor` is {self.factor}, but must be >= 1.")
+            check_number(name, getattr(self, name))
+        check_number("factor", self.factor, minimum=1)
 
     def delay(self, attempt: int, rng: random.Random) -> float:
         # the exponent is capped first: base * factor**1000 overflows a float
@@ -228,10 +223,7 @@ class OutageWindow:
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         for name, value in (("tolerance", tolerance), ("quiet", quiet)):
-            if isinstance(value, bool) or not isinstance(value, int | float):
-                raise TypeError(f"`{name}` is {value!r}, but must be a number of seconds.")
-            if not (math.isfinite(value) and value >= 0):
-                raise ValueError(f"`{name}` is {value}, but must be finite and >= 0.")
+            check_number(name, value, positive=False, minimum=0)
         self.url = url
         self.tolerance = float(tolerance)
         self.quiet = float(quiet)

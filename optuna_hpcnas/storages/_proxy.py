@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING
 import warnings
 
 from optuna_hpcnas._records import grpc_proxy_server
+from optuna_hpcnas._validation import check_int
+from optuna_hpcnas._validation import check_str
 from optuna_hpcnas.storages._open import describe_storage
 from optuna_hpcnas.storages._open import open_storage
 from optuna_hpcnas.storages._open import StorageError
@@ -44,12 +46,8 @@ def start_storage_proxy(
     import optuna
     from optuna.exceptions import ExperimentalWarning
 
-    if isinstance(port, bool) or not isinstance(port, int):
-        raise TypeError(f"`port` is {port!r}, but must be an int.")
-    if not 0 < port < 65536:
-        raise ValueError(f"`port` is {port}, but must be in 1-65535.")
-    if not isinstance(host, str) or not host:
-        raise TypeError(f"`host` is {host!r}, but must be a host name or address.")
+    check_int("port", port, 1, maximum=65535)
+    check_str("host", host, what="a host name or address", nonempty=True)
     if storage_kind(url) in ("journal-file", "journal-redis", "grpc"):
         raise StorageError(
             f"Cannot proxy {describe_storage(url)}: the gRPC proxy serves RDB storages only "

@@ -17,6 +17,7 @@ from typing import Any
 from typing import BinaryIO
 from typing import TYPE_CHECKING
 
+from optuna_hpcnas._validation import check_int
 from optuna_hpcnas.storages._open import SQLITE_TIMEOUT
 from optuna_hpcnas.storages._urls import storage_kind
 
@@ -156,10 +157,7 @@ class RDBArtifactStore:
     ) -> None:
         import sqlalchemy
 
-        if isinstance(chunk_bytes, bool) or not isinstance(chunk_bytes, int):
-            raise TypeError(f"`chunk_bytes` is {chunk_bytes!r}, but must be an int.")
-        if chunk_bytes < 1024:
-            raise ValueError(f"`chunk_bytes` is {chunk_bytes}, but must be >= 1024.")
+        check_int("chunk_bytes", chunk_bytes, 1024)
         if not isinstance(table_prefix, str) or not table_prefix.isidentifier():
             raise ValueError(f"`table_prefix` is {table_prefix!r}, but must be an identifier.")
         if isinstance(storage, str):

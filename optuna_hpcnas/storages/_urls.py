@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 import re
 
+from optuna_hpcnas._validation import check_str
+
 _URL_PASSWORD = re.compile(r"(?P<head>[a-zA-Z][a-zA-Z0-9+.-]*://[^:/?#@\s]*:)(?P<pw>[^@\s]*)@")
 
 
@@ -33,8 +35,7 @@ def storage_kind(url: str) -> str:
         >>> storage_kind("runs/nas.journal")
         'journal-file'
     """
-    if not isinstance(url, str):
-        raise TypeError(f"`url` is {url!r}, but must be a string.")
+    check_str("url", url)
     if not url.strip():
         raise ValueError("`url` is empty, but must name a storage.")
     # optuna-dashboard's order: Redis by prefix first, then URLs, then files.

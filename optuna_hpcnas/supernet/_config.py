@@ -5,7 +5,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
-import math
+
+from optuna_hpcnas._validation import check_bool
+from optuna_hpcnas._validation import check_int
+from optuna_hpcnas._validation import check_number
+from optuna_hpcnas._validation import check_seed
+from optuna_hpcnas._validation import check_str
 
 
 class Precision(str, Enum):
@@ -88,44 +93,21 @@ class SupernetTrainingConfig:
     few_shot_max_parts: int = 8
 
     def __post_init__(self) -> None:
-        for name in (
-            "paths_per_batch",
-            "batch_size",
-            "epochs",
-            "bn_recalibration_batches",
-            "seed",
-            "progressive_epochs",
-            "few_shot_epochs",
-            "few_shot_max_parts",
-        ):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise TypeError(f"`{name}` must be an int, but got {value!r}.")
         for name in ("paths_per_batch", "batch_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"`{name}` is {getattr(self, name)}, but must be >= 1.")
+            check_int(name, getattr(self, name), 1)
         for name in (
             "epochs",
             "bn_recalibration_batches",
             "progressive_epochs",
             "few_shot_epochs",
         ):
-            if getattr(self, name) < 0:
-                raise ValueError(f"`{name}` is {getattr(self, name)}, but must be >= 0.")
-        for name in ("lr", "momentum", "weight_decay", "grad_clip", "distillation"):
-            value = getattr(self, name)
-            if (
-                isinstance(value, bool)
-                or not isinstance(value, (int, float))
-                or not math.isfinite(value)
-            ):
-                raise ValueError(f"`{name}` is {value!r}, but must be a finite number.")
-            if (name == "lr" and value <= 0) or value < 0:
-                raise ValueError(
-                    f"`{name}` is {value!r}, but must be {'> 0' if name == 'lr' else '>= 0'}."
-                )
-        if not isinstance(self.sandwich, bool):
-            raise TypeError(f"`sandwich` must be a bool, but got {self.sandwich!r}.")
+            check_int(name, getattr(self, name), 0)
+        check_int("few_shot_max_parts", self.few_shot_max_parts, 2)
+        check_seed("seed", self.seed)
+        check_number("lr", self.lr)
+        for name in ("momentum", "weight_decay", "grad_clip", "distillation"):
+            check_number(name, getattr(self, name), positive=False, minimum=0)
+        check_bool("sandwich", self.sandwich)
         if self.sandwich and self.paths_per_batch < 2:
             raise ValueError(
                 f"`paths_per_batch` is {self.paths_per_batch}, but the sandwich rule needs >= 2 "
@@ -138,12 +120,7 @@ class SupernetTrainingConfig:
                 f"`distillation` is {self.distillation}, but in-place distillation learns from "
                 "the largest path: set `sandwich = true` too."
             )
-        if not isinstance(self.few_shot, str):
-            raise TypeError(f"`few_shot` must be a string, but got {self.few_shot!r}.")
-        if self.few_shot_max_parts < 2:
-            raise ValueError(
-                f"`few_shot_max_parts` is {self.few_shot_max_parts}, but must be >= 2."
-            )
+        check_str("few_shot", self.few_shot)
         if self.optimizer not in ("adam", "sgd"):
             raise ValueError(f"`optimizer` is {self.optimizer!r}, but must be 'adam' or 'sgd'.")
         if self.momentum >= 1:

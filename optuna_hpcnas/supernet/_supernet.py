@@ -20,6 +20,8 @@ import zlib
 import torch
 from torch import nn
 
+from optuna_hpcnas._validation import check_int
+from optuna_hpcnas._validation import check_seed
 from optuna_hpcnas.search_space import Architecture
 from optuna_hpcnas.search_space import ClusterConfig
 from optuna_hpcnas.search_space import HierarchicalSearchSpace
@@ -112,10 +114,8 @@ class SuperNet(nn.Module):
         super().__init__()
         if not isinstance(space, HierarchicalSearchSpace):
             raise TypeError(f"`space` must be a HierarchicalSearchSpace, but got {space!r}.")
-        if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 2:
-            raise ValueError(f"`num_classes` is {num_classes!r}, but must be an integer >= 2.")
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            raise TypeError(f"`seed` must be an int, but got {seed!r}.")
+        check_int("num_classes", num_classes, 2)
+        check_seed("seed", seed)
         self.space = space
         self.domain = space.domain
         self.input_shape = check_input_shape(self.domain, input_shape)

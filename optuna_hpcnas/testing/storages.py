@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING
 import uuid
 
 from optuna_hpcnas import _keys
+from optuna_hpcnas._validation import check_int
 from optuna_hpcnas.samplers import SamplerConfig
 from optuna_hpcnas.storages._open import describe_storage
 from optuna_hpcnas.storages._open import open_storage
@@ -142,10 +143,7 @@ def run_load_test(
     import optuna
 
     for name, value in (("n_workers", n_workers), ("n_trials", n_trials)):
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError(f"`{name}` is {value!r}, but must be an int.")
-        if value < 1:
-            raise ValueError(f"`{name}` is {value}, but must be >= 1.")
+        check_int(name, value, 1)
     SamplerConfig(name=sampler, seed=seed)  # a bad name fails here, not in every worker
     study_name = f"load-{sampler}-{uuid.uuid4().hex[:8]}"
     optuna.create_study(storage=open_storage(url), study_name=study_name, direction="maximize")

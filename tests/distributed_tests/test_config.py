@@ -121,7 +121,7 @@ def test_unknown_key_names_the_key_and_the_allowed_ones(tmp_path: Path) -> None:
         ({"data": {"factory": "no colon"}}, r"package.module:function"),
         ({"distributed": {"zero_stage": 4}}, r"`zero_stage` is 4"),
         ({"distributed": {"group_size": -1}}, r"`group_size` is -1"),
-        ({"distributed": {"group_size": "2"}}, r"`group_size` must be an int"),
+        ({"distributed": {"group_size": "2"}}, r"`group_size` is '2', but must be an int"),
         ({"distributed": {"compression": "topk"}}, r"'none', 'powersgd'"),
         ({"sampler": {"name": "cmaes"}}, r"`name` is 'cmaes'.*'evolutionary'"),
         ({"pruner": {"name": "asha"}}, r"`name` is 'asha'"),

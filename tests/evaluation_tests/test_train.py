@@ -210,7 +210,7 @@ def test_scratch_config_validates() -> None:
         ScratchTrainingConfig(grad_clip=-1.0)
     with pytest.raises(ValueError, match="`grad_clip` is nan"):
         ScratchTrainingConfig(grad_clip=float("nan"))
-    with pytest.raises(TypeError, match="`grad_clip` must be a number"):
+    with pytest.raises(TypeError, match="`grad_clip` is '1', but must be a number"):
         ScratchTrainingConfig(grad_clip="1")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"`precision` is 'fp8', but must be one of \['fp32'"):
         ScratchTrainingConfig(precision="fp8")

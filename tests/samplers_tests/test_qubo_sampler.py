@@ -235,7 +235,7 @@ def test_empty_space_and_bad_arguments() -> None:
     study.optimize(lambda t: 1.0, n_trials=3)  # nothing to suggest: no error
     with pytest.raises(ValueError, match="`n_startup_trials` is -1"):
         QUBOSampler(n_startup_trials=-1)
-    with pytest.raises(TypeError, match="`max_binary_variables` must be an int"):
+    with pytest.raises(TypeError, match="`max_binary_variables` is 2.5, but must be an int"):
         QUBOSampler(max_binary_variables=2.5)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="`surrogate` is 'gp'"):
         QUBOSampler(surrogate="gp")

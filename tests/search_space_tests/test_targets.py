@@ -58,7 +58,7 @@ def test_target_round_trips() -> None:
 def test_unknown_target() -> None:
     with pytest.raises(ValueError, match="Unknown deployment target 'fpga'.*onnx-cpu"):
         HierarchicalSearchSpace.preset("digits-small", target="fpga")
-    with pytest.raises(TypeError, match="`target` must be a string"):
+    with pytest.raises(TypeError, match="`target` is 3, but must be a string"):
         HierarchicalSearchSpace.preset("digits-small", target=3)
 
 
