@@ -43,6 +43,7 @@ from optuna.trial import FrozenTrial
 from optuna.trial import TrialState
 
 from optuna_hpcnas import _keys
+from optuna_hpcnas._validation import check_bool
 from optuna_hpcnas._validation import check_int
 from optuna_hpcnas.samplers import _proposals
 from optuna_hpcnas.samplers._base import ArchitectureSampler
@@ -227,6 +228,16 @@ def _pooled(
     return Solution(pool[rank], model.energy(pool[rank]), info), radius if leads_local else 0
 
 
+def _believed(
+    codes: np.ndarray, values: np.ndarray, fantasies: np.ndarray, predicted: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """``codes`` and ``values`` with each of ``fantasies`` observed at ``predicted``, which
+    is on the standardised scale of ``values`` (the scale the surrogates fit)."""
+    std = float(values.std())
+    guess = float(values.mean()) + (std if std > 0 else 1.0) * np.asarray(predicted)
+    return np.concatenate([codes, fantasies]), np.concatenate([values, guess])
+
+
 def _from_slot(dist: BaseDistribution, slot: Any) -> Any:
     if isinstance(dist, CategoricalDistribution):
         return dist.choices[int(slot)]
@@ -289,6 +300,14 @@ class QUBOSampler(ArchitectureSampler):
             store it; ``trial.set_constraint`` values are used the same way.
         threads: BLAS/OpenMP threads of an ask (fit and annealing), set with
             ``threadpoolctl`` while it runs; one by default, as asks run beside training.
+        fantasize_running: Fit the objective surrogate and the feasibility model as if each
+            RUNNING trial had already returned what they predict for its code (a kriging
+            believer, the model-based counterpart of ``TPESampler(constant_liar=True)``), so
+            that parallel workers spread their asks instead of crowding where one already
+            evaluates. Off by default: with 16 simulated workers on the digits and
+            NAS-Bench-201 budgets (``bench/async_budget.py``) it did not lower the regret,
+            and a running trial's code is never proposed again either way. Without running
+            trials it changes nothing.
 
     The surrogate never sees raw objective values: it is fitted to the normal scores of the
     order of the complete trials, feasible ones by value first, then infeasible ones by total
@@ -335,6 +354,7 @@ class QUBOSampler(ArchitectureSampler):
         independent_sampler: BaseSampler | None = None,
         constraints_func: Callable[[FrozenTrial], Sequence[float]] | None = None,
         threads: int = 1,
+        fantasize_running: bool = False,
     ) -> None:
         if constraints_func is not None and not callable(constraints_func):
             raise TypeError(f"`constraints_func` must be callable, but got {constraints_func!r}.")
@@ -345,6 +365,8 @@ class QUBOSampler(ArchitectureSampler):
         check_int("max_binary_variables", max_binary_variables, 1)
         check_int("num_reads", num_reads, 1)
         check_int("threads", threads, 1)
+        check_bool("fantasize_running", fantasize_running)
+        self._fantasize = fantasize_running
         self._threads = AskThreads(threads)
         if discretize_floats is not None:
             check_int("discretize_floats", discretize_floats, 2)
@@ -373,7 +395,7 @@ class QUBOSampler(ArchitectureSampler):
         self._surrogate = model
         # Feasibility is predicted by the posterior mean: exploration comes from the
         # objective's draw, and a noisy budget only moves the search off the boundary.
-        self._feasibility: Surrogate = BayesianQuadratic(exploration=0.0)
+        self._feasibility = BayesianQuadratic(exploration=0.0)
         self._num_reads = num_reads
         self._solver_kwargs = dict(solver_kwargs or {})
         self._budgets = tuple(budgets)
@@ -532,7 +554,7 @@ class QUBOSampler(ArchitectureSampler):
         rng = np.random.default_rng([self._seed, trial.number])
         # Failed, pruned and running codes are not proposed again; only complete ones are fitted.
         trials = study._get_trials(deepcopy=False, states=None, use_cache=True)
-        codes, values, busy = [], [], []
+        codes, values, busy, running = [], [], [], []
         constraints: list[list[float] | None] = []
         pending = [t._trial_id for t in trials if not t.state.is_finished()]
         signs = np.array([-1.0 if d == StudyDirection.MAXIMIZE else 1.0 for d in study.directions])
@@ -569,6 +591,8 @@ class QUBOSampler(ArchitectureSampler):
                 constraints.append(list(cons.values()) if cons else None)
             else:
                 busy.append(bits)
+                if t.state == TrialState.RUNNING:
+                    running.append(bits)
         if len(codes) < max(self._n_startup_trials, 1):
             seen = codes + busy
             randoms = self._randoms(layout, rng, seen)
@@ -590,6 +614,7 @@ class QUBOSampler(ArchitectureSampler):
             np.array(codes),
             normal_scores(keys),
             busy,
+            running,
             pending,
             constraint,
             incumbent,
@@ -670,6 +695,7 @@ class QUBOSampler(ArchitectureSampler):
         codes: np.ndarray,
         values: np.ndarray,
         busy: list[np.ndarray],
+        running: list[np.ndarray],
         pending: list[int],
         constraint: tuple[np.ndarray, np.ndarray, float] | None,
         incumbent: int,
@@ -678,12 +704,10 @@ class QUBOSampler(ArchitectureSampler):
 
         assert layout.problem is not None
         start = time.perf_counter()
-        posterior, model = self._draw(codes, values, rng)
-        problem, feasibility = layout.problem, None
-        if constraint is not None:
-            rows, target, threshold = constraint
-            feasibility = self._feasibility.draw(codes[rows], target, rng)
-            problem = self._with_feasibility(layout, feasibility, threshold)
+        fantasies = np.array(running if self._fantasize else [], dtype=float)
+        posterior, model = self._draw(codes, values, fantasies, rng)
+        feasibility, threshold = self._draw_feasibility(codes, fantasies, constraint)
+        problem = self._with_feasibility(layout, feasibility, threshold)
         fit_time = time.perf_counter() - start
         seen = list(codes) + busy
         solution, radius = None, 0
@@ -717,12 +741,14 @@ class QUBOSampler(ArchitectureSampler):
         )
         if radius:
             info["radius"] = radius
+        if len(fantasies):
+            info["n_fantasies"] = len(fantasies)
         if not len(solution.codes):
             _logger.info("Trial %d: no new feasible code from the solver; random.", trial.number)
         order = np.arange(len(solution.codes))
-        if feasibility is not None and constraint is not None and len(order):
+        if feasibility is not None and len(order):
             # The BQM saw the linear part of the feasibility draw; rank by all of it.
-            ok = feasibility.energy(solution.codes) <= constraint[2]
+            ok = feasibility.energy(solution.codes) <= threshold
             order = np.concatenate([order[ok], order[~ok]])
             info["predicted_feasible"] = int(ok.sum())
         decoded = (layout.decode(solution.codes[i]) for i in order)
@@ -740,13 +766,46 @@ class QUBOSampler(ArchitectureSampler):
         return params
 
     def _draw(
-        self, codes: np.ndarray, values: np.ndarray, rng: np.random.Generator
+        self,
+        codes: np.ndarray,
+        values: np.ndarray,
+        fantasies: np.ndarray,
+        rng: np.random.Generator,
     ) -> tuple[BayesianPosterior | None, QuadraticModel]:
-        """The surrogate's draw, and its posterior when it has one (``BayesianQuadratic``)."""
+        """The surrogate's draw, and its posterior when it has one (``BayesianQuadratic``),
+        with each of ``fantasies`` (running codes) believed at the surrogate's prediction: the
+        posterior mean, or a first draw for a surrogate without a posterior."""
         if isinstance(self._surrogate, BayesianQuadratic):
             posterior = self._surrogate.fit(codes, values)
+            if len(fantasies):
+                guess = posterior.predict(fantasies)[0]
+                posterior = self._surrogate.fit(*_believed(codes, values, fantasies, guess))
             return posterior, posterior.draw(rng, self._surrogate.exploration)
+        if len(fantasies):
+            guess = self._surrogate.draw(codes, values, rng).energy(fantasies)
+            codes, values = _believed(codes, values, fantasies, guess)
         return None, self._surrogate.draw(codes, values, rng)
+
+    def _draw_feasibility(
+        self,
+        codes: np.ndarray,
+        fantasies: np.ndarray,
+        constraint: tuple[np.ndarray, np.ndarray, float] | None,
+    ) -> tuple[QuadraticModel | None, float]:
+        """The feasibility model (its posterior mean) and the threshold under which it
+        predicts a code feasible; ``(None, 0.0)`` without a constraint to learn. Each of
+        ``fantasies`` counts as observed at the model's prediction for it."""
+        if constraint is None:
+            return None, 0.0
+        rows, target, threshold = constraint
+        x = codes[rows]
+        if len(fantasies):
+            guess = self._feasibility.fit(x, target).predict(fantasies)[0]
+            x, target = _believed(x, target, fantasies, guess)
+            # The fit standardises its target again: move the threshold with it.
+            mean, std = float(target.mean()), float(target.std())
+            target, threshold = (target - mean) / std, (threshold - mean) / std
+        return self._feasibility.fit(x, target).mean(), threshold
 
     def _is_local(self, trial: FrozenTrial, layout: _Layout, n_complete: int) -> bool:
         """Whether this ask refines the incumbent instead of annealing, for a
@@ -763,12 +822,17 @@ class QUBOSampler(ArchitectureSampler):
         return n_complete >= start and trial.number % 2 == 1
 
     @staticmethod
-    def _with_feasibility(layout: _Layout, model: QuadraticModel, threshold: float) -> QUBOProblem:
+    def _with_feasibility(
+        layout: _Layout, model: QuadraticModel | None, threshold: float
+    ) -> QUBOProblem:
         """The layout's problem plus a budget from the linear part of a feasibility draw:
         ``sum(linear of the chosen bits) <= threshold`` (pairs inside a group vanish on
-        codes, pairs across groups are left to the ranking after decoding)."""
+        codes, pairs across groups are left to the ranking after decoding); the problem
+        alone without a draw."""
         problem = layout.problem
         assert problem is not None
+        if model is None:
+            return problem
         enc = layout.encoding
         costs = {
             (name, value): float(model.linear[enc.bit(g, value)])
