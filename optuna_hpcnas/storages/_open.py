@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable
 import json
 import logging
+import math
 import os
 from pathlib import Path
 import random
@@ -40,6 +41,7 @@ from optuna_hpcnas._validation import check_number
 from optuna_hpcnas.storages._urls import mask_url
 from optuna_hpcnas.storages._urls import sqlite_file
 from optuna_hpcnas.storages._urls import storage_kind
+from optuna_hpcnas.storages._watchdog import watch_engine
 
 if TYPE_CHECKING:
     import optuna
@@ -53,9 +55,9 @@ _JOURNAL_PROBE_BYTES = 1 << 16
 # Connection waits when opening a server storage, so a stopped server is reported, not waited
 # for forever (gRPC's channel would).
 _CONNECT_TIMEOUT_S = 10.0
-# The longest one call to a Redis server may wait for its answer: a frozen server (stopped,
-# swapping, partitioned) then raises a timeout, which the outage window handles, instead of
-# hanging the call for good.
+# The longest one call to a Redis, PostgreSQL or MySQL server may wait for its answer: a frozen
+# server (stopped, swapping, partitioned) then fails the call as a lost connection, which the
+# outage window handles, instead of hanging it for good.
 CALL_TIMEOUT_S = 30.0
 
 _KIND_NAMES = {
@@ -117,9 +119,13 @@ def open_storage(
         max_retry: How often such a trial is re-queued (``None``: Optuna's default, without
             limit). Only with ``heartbeat_interval``.
         connect_timeout: Seconds to wait for a Redis server or a gRPC proxy to answer.
-        call_timeout: Seconds one call to a Redis server may wait for its answer (a
-            ``socket_timeout`` added to the URL unless it has one); a frozen server then
-            raises ``redis.exceptions.TimeoutError`` instead of hanging the caller.
+        call_timeout: Seconds one call to a server may wait for its answer; a frozen server
+            then fails the call as a lost connection instead of hanging the caller. Redis: a
+            ``socket_timeout`` added to the URL unless it has one. PostgreSQL (psycopg,
+            psycopg2): a watchdog thread cuts a connection whose round trip lasts that
+            long, and ``connect_timeout`` (at least 2 s, libpq's minimum). MySQL (PyMySQL,
+            mysqlclient): ``connect_timeout``, ``read_timeout`` and ``write_timeout``
+            (whole seconds). Connect arguments the URL names are kept. Not used for SQLite.
         must_exist: Refuse a SQLite or journal file that does not exist yet (a reader never
             creates an empty storage).
 
@@ -160,7 +166,7 @@ def open_storage(
         return _open_grpc(url, float(connect_timeout))
     if kind == "journal-file":
         return _open_journal_file(url)
-    return _open_rdb(url, heartbeat_interval, grace_period, max_retry)
+    return _open_rdb(url, heartbeat_interval, grace_period, max_retry, float(call_timeout))
 
 
 def _error(url: str, problem: str) -> StorageError:
@@ -189,6 +195,7 @@ def _open_rdb(
     heartbeat_interval: int | None,
     grace_period: int | None,
     max_retry: int | None,
+    call_timeout: float,
 ) -> optuna.storages.BaseStorage:
     import sqlalchemy.exc
 
@@ -204,6 +211,7 @@ def _open_rdb(
             heartbeat_interval=heartbeat_interval,
             grace_period=grace_period,
             max_retry=max_retry,
+            call_timeout=call_timeout,
         )
 
     try:
@@ -263,6 +271,7 @@ def rdb_storage(
     grace_period: int | None = None,
     max_retry: int | None = None,
     engine_kwargs: dict[str, Any] | None = None,
+    call_timeout: float | None = None,
 ) -> optuna.storages.RDBStorage:
     """The one constructor of this package's RDB storages (``open_storage``,
     ``checkpoints.heartbeat_storage``), without ``open_storage``'s checks and messages.
@@ -272,7 +281,9 @@ def rdb_storage(
     :class:`optuna.storages.RetryHeartbeatStaleTrialCallback`. On SQLite a writer waits up
     to ``SQLITE_TIMEOUT`` seconds for the lock (checkpoint blobs share the file), every
     transaction takes the lock when it begins, and a file on a local disk uses the
-    write-ahead log (``_configure_sqlite``).
+    write-ahead log (``_configure_sqlite``). With ``call_timeout`` no call waits longer than
+    that for a PostgreSQL or MySQL server's answer (``_timeout_connect_args``, and
+    ``_watchdog.CallWatchdog`` for PostgreSQL).
     """
     import optuna
     from optuna.exceptions import ExperimentalWarning
@@ -282,6 +293,10 @@ def rdb_storage(
     kwargs = dict(engine_kwargs or {})
     if kind == "sqlite":
         kwargs.setdefault("connect_args", {"timeout": SQLITE_TIMEOUT})
+    elif call_timeout is not None:
+        kwargs["connect_args"] = _timeout_connect_args(
+            url, call_timeout, kwargs.get("connect_args", {})
+        )
     with warnings.catch_warnings():
         # Heartbeats are marked experimental since Optuna 2.9; this is the supported use.
         warnings.simplefilter("ignore", ExperimentalWarning)
@@ -298,7 +313,53 @@ def rdb_storage(
         path = sqlite_file(url)
         wal = path is not None and on_local_filesystem(path)
         _configure_sqlite(storage.engine, write_ahead_log=wal)
+    elif call_timeout is not None and _driver(url) in _WATCHED_DRIVERS:
+        watch_engine(storage.engine, call_timeout, label=describe_storage(url))
     return storage
+
+
+# How a call to a frozen server is bounded, by SQLAlchemy dialect+driver. libpq has no read
+# timeout: a watchdog cuts the connection (the driver's fileno() is its socket), and
+# connect_timeout bounds a new one. PyMySQL and mysqlclient read and write with timeouts.
+_WATCHED_DRIVERS = frozenset({"postgresql+psycopg", "postgresql+psycopg2"})
+_READ_TIMEOUT_DRIVERS = frozenset(
+    {"mysql+pymysql", "mysql+mysqldb", "mariadb+pymysql", "mariadb+mysqldb"}
+)
+
+
+def _driver(url: str) -> str:
+    """``dialect+driver`` of an RDB URL, the default driver spelled out."""
+    import sqlalchemy.engine
+
+    parsed = sqlalchemy.engine.make_url(url)
+    return f"{parsed.get_backend_name()}+{parsed.get_driver_name()}"
+
+
+def _timeout_connect_args(
+    url: str, call_timeout: float, connect_args: dict[str, Any]
+) -> dict[str, Any]:
+    """``connect_args`` with the driver timeouts that bound a call to ``call_timeout``
+    seconds, except those the URL's query or ``connect_args`` name already.
+
+    Examples:
+        >>> _timeout_connect_args("mysql+pymysql://u@db/nas?read_timeout=60", 5.0, {})
+        {'connect_timeout': 5, 'write_timeout': 5}
+        >>> _timeout_connect_args("postgresql+psycopg://u@db/nas", 0.5, {})
+        {'connect_timeout': 2}
+    """
+    import sqlalchemy.engine
+
+    driver = _driver(url)
+    seconds = max(1, math.ceil(call_timeout))
+    if driver in _WATCHED_DRIVERS:
+        # psycopg and libpq round connect_timeout up to 2 s
+        ours: dict[str, Any] = {"connect_timeout": max(2, seconds)}
+    elif driver in _READ_TIMEOUT_DRIVERS:
+        ours = dict.fromkeys(("connect_timeout", "read_timeout", "write_timeout"), seconds)
+    else:
+        return dict(connect_args)
+    named = sqlalchemy.engine.make_url(url).query
+    return {**{k: v for k, v in ours.items() if k not in named}, **connect_args}
 
 
 def _configure_sqlite(engine: Any, *, write_ahead_log: bool) -> None:

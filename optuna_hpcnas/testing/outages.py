@@ -1,9 +1,9 @@
-"""Storage outages on purpose: throw-away servers that can be stopped and started again (a
-PostgreSQL cluster by ``initdb`` + ``pg_ctl`` in a temporary directory, a Redis server, each
-on a free port of 127.0.0.1) and :func:`run_outage_scenario`, which runs ``hpcnas run`` as a
-user types it (``hpcnas init``, the file edited), takes the server away in the middle of the
-search and brings it back, then ``hpcnas resume`` when the run gave up, and counts what was
-lost or done twice.
+"""Storage outages on purpose: throw-away servers that can be stopped and started again, or
+frozen with SIGSTOP and thawed (a PostgreSQL cluster by ``initdb`` + ``pg_ctl`` in a temporary
+directory, a Redis server, each on a free port of 127.0.0.1) and :func:`run_outage_scenario`,
+which runs ``hpcnas run`` as a user types it (``hpcnas init``, the file edited), takes the
+server away in the middle of the search and brings it back, then ``hpcnas resume`` when the
+run gave up, and counts what was lost or done twice.
 
 Used by the outage tests (``tests/storages_tests/test_outage_servers.py``) and
 ``bench/storage_outage.py``. A testing helper like ``optuna_hpcnas.testing.storages``:
@@ -16,6 +16,8 @@ Examples:
             url = server.url  # postgresql+psycopg://postgres@127.0.0.1:PORT/postgres
             server.stop()  # pg_ctl stop -m fast
             server.start()  # the same data directory and port
+            server.freeze()  # SIGSTOP: connections stay open, nothing answers
+            server.thaw()
 """
 
 from __future__ import annotations
@@ -144,8 +146,39 @@ class PostgresServer(_Server):
         """``pg_ctl stop -m fast`` (or ``immediate``, a crash): connections are cut."""
         self._run(str(self._bin / "pg_ctl"), "-D", str(self._data), "-m", mode, "-w", "stop")
 
+    def _processes(self) -> list[int]:
+        """The postmaster (first line of ``postmaster.pid``) and its children (backends,
+        checkpointer, ...: ``/proc/*/stat`` with its pid as parent)."""
+        postmaster = int((self._data / "postmaster.pid").read_text().split("\n", 1)[0])
+        children = []
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                # "pid (comm) state ppid ...": comm may hold spaces and parentheses
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue  # exited meanwhile
+            if int(fields[1]) == postmaster:
+                children.append(int(stat.parent.name))
+        return [postmaster, *children]
+
+    def freeze(self) -> None:
+        """SIGSTOP the postmaster, then every backend: the server holds its connections
+        open and answers nothing, as a frozen host does (the kernel still accepts and
+        acknowledges). The postmaster first, so that it forks no backend meanwhile."""
+        for pid in self._processes():
+            os.kill(pid, signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        """SIGCONT after ``freeze``."""
+        for pid in reversed(self._processes()):
+            os.kill(pid, signal.SIGCONT)
+
     def close(self) -> None:
         if (self._data / "postmaster.pid").exists():
+            try:
+                self.thaw()  # a frozen server cannot stop
+            except (OSError, ValueError):
+                pass
             try:
                 self.stop("immediate")
             except subprocess.CalledProcessError:
@@ -393,7 +426,7 @@ def run_outage_scenario(
     freeze: bool = False,
 ) -> OutageResult:
     """``hpcnas run`` on ``server`` (started), the server stopped (``freeze``: frozen with
-    SIGSTOP, a Redis server only) once ``stop_after`` trials are finished and started again
+    SIGSTOP) once ``stop_after`` trials are finished and started again
     (thawed) ``outage_s`` later; ``hpcnas resume`` after a run that did not finish (once the
     trials it held are past their grace period)."""
     config = write_outage_config(
@@ -408,10 +441,10 @@ def run_outage_scenario(
         time.sleep(0.2)
     if not freeze:
         pause, resume = server.stop, server.start
-    elif isinstance(server, RedisServer):
+    elif isinstance(server, RedisServer | PostgresServer):
         pause, resume = server.freeze, server.thaw
     else:
-        raise TypeError("only a RedisServer freezes")
+        raise TypeError(f"a {type(server).__name__} does not freeze")
     pause()
     stopped = time.monotonic()
     while time.monotonic() - stopped < outage_s:

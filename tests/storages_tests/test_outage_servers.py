@@ -3,8 +3,8 @@ a temporary directory, Redis with an append-only file), stopped and started agai
 middle of ``hpcnas run``, as a user types it, in one process and under ``mpirun -n 2``:
 a 10 s outage is ridden out (exit 0, every trial told once, none lost or retried), one
 longer than a 3 s window ends every rank with exit 75 and one line, and ``hpcnas resume``
-finishes the budget. Heartbeats go on across an outage, sweeps wait after it, and a worker
-that died during it is recovered once.
+finishes the budget; so does a server frozen with SIGSTOP past the window. Heartbeats go on
+across an outage, sweeps wait after it, and a worker that died during it is recovered once.
 """
 
 from __future__ import annotations
@@ -129,18 +129,37 @@ def test_redis_journal_outage_past_the_window_exits_75_and_resume_finishes(
     _check_gave_up_then_resumed(result, 1)
 
 
+def _check_frozen_past_the_window(
+    server: PostgresServer | RedisServer, tmp_path: Path, freeze_s: float
+) -> None:
+    """Frozen ``freeze_s`` under a 4 s tolerance: exit 75 at least 1 s before the thaw, then
+    ``hpcnas resume`` finishes."""
+    result = run_outage_scenario(
+        server, tmp_path, ranks=1, outage_s=freeze_s, tolerance_s=4, n_trials=N_TRIALS,
+        freeze=True,
+    )  # fmt: skip
+    assert result.stop_to_exit_s < freeze_s - 1, result.output[-3000:]  # within the freeze
+    _check_gave_up_then_resumed(result, 1, tolerance=4)
+
+
 def test_a_frozen_redis_past_the_window_exits_75_and_resume_finishes(
     redis_server: RedisServer, tmp_path: Path
 ) -> None:
     """SIGSTOP: the server keeps its connections and answers nothing. Every call gives up
     after a quarter of the tolerance (the URL's socket_timeout), so the run exits 75 instead
     of hanging for good."""
-    result = run_outage_scenario(
-        redis_server, tmp_path, ranks=1, outage_s=12, tolerance_s=4, n_trials=N_TRIALS,
-        freeze=True,
-    )  # fmt: skip
-    assert result.stop_to_exit_s < 11, result.output[-3000:]  # within the freeze
-    _check_gave_up_then_resumed(result, 1, tolerance=4)
+    _check_frozen_past_the_window(redis_server, tmp_path, freeze_s=12)
+
+
+def test_a_frozen_postgresql_past_the_window_exits_75_and_resume_finishes(
+    postgres: PostgresServer, tmp_path: Path
+) -> None:
+    """SIGSTOP of the postmaster and every backend. libpq has no read timeout: the storage's
+    watchdog cuts a connection that waits a quarter of the tolerance, and a new one gives up
+    after connect_timeout, so the run exits 75 instead of hanging for good. The freeze is 2 s
+    longer than Redis's: a retry in flight when the window closes may wait libpq's shortest
+    connect_timeout, 2 s, where a Redis retry waits the call timeout, 1 s."""
+    _check_frozen_past_the_window(postgres, tmp_path, freeze_s=14)
 
 
 # ---------------------------------------------------------------------------- heartbeats
