@@ -98,8 +98,8 @@ def _is_connection_level(error: BaseException) -> bool:
         return name in ("ConnectionError", "TimeoutError", "BusyLoadingError")
     if module.startswith(("psycopg", "psycopg2")):
         state = getattr(error, "sqlstate", None) or getattr(error, "pgcode", None)
-        if state is None:  # raised by the client: refused, closed, reset
-            return name in ("OperationalError", "InterfaceError")
+        if state is None:  # raised by the client: refused, closed, reset, no answer
+            return name in ("OperationalError", "InterfaceError", "ConnectionTimeout")
         return str(state).startswith("08") or str(state) in _PG_DISCONNECT_STATES
     if module.startswith(("pymysql", "MySQLdb")):
         if name == "InterfaceError":  # a closed connection used again

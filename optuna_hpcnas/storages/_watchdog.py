@@ -62,7 +62,6 @@ class CallWatchdog:
         event.listen(engine, "invalidate", self._on_release)
         event.listen(engine, "before_cursor_execute", self._on_round_trip)
         event.listen(engine, "after_cursor_execute", self._on_round_trip)
-        event.listen(engine, "do_connect", _connect)
 
     def _on_checkout(self, dbapi_connection: Any, record: Any, proxy: Any) -> None:
         call = _Call(dbapi_connection, time.monotonic())
@@ -122,20 +121,6 @@ class CallWatchdog:
         _logger.warning(
             "No answer from %s for %.1f s (call_timeout): connection closed.", self.label, waited
         )
-
-
-def _connect(dialect: Any, record: Any, cargs: Any, cparams: dict[str, Any]) -> Any:
-    """The driver's connect, its ``connect_timeout`` raised as the driver's plain
-    ``OperationalError``: psycopg raises a subclass of it (``ConnectionTimeout``) that the
-    outage window's driver rules do not name, but a connect without an answer is the server
-    being away, as a refused one is."""
-    try:
-        return dialect.connect(*cargs, **cparams)
-    except Exception as e:
-        if type(e).__name__ != "ConnectionTimeout":
-            raise
-        seconds = cparams.get("connect_timeout")
-        raise dialect.loaded_dbapi.OperationalError(f"connection failed: {e} ({seconds} s)") from e
 
 
 def watch_engine(engine: Any, call_timeout: float, *, label: str = "storage") -> CallWatchdog:

@@ -51,6 +51,7 @@ def _wrapped(orig: BaseException) -> BaseException:
     "error",
     [
         _wrapped(psycopg.OperationalError("connection failed: Connection refused")),
+        _wrapped(psycopg.errors.ConnectionTimeout("connection timeout expired")),  # frozen
         _wrapped(psycopg.errors.AdminShutdown("terminating connection")),
         _wrapped(psycopg.errors.CannotConnectNow("the database system is starting up")),
         sqlalchemy.exc.DBAPIError("SELECT 1", {}, Exception("x"), connection_invalidated=True),
