@@ -305,6 +305,42 @@ def _seconds_table(results: dict[str, Any], sets: list[str], seeds: list[int]) -
     return "\n".join(lines)
 
 
+ARMS = {
+    "hpcnas": "`hpcnas run` + `export`, multi-fidelity (`signal-1d` starter)",
+    "hpcnas-one-shot": "`hpcnas run` + `export`, one-shot (`signal-elastic` starter)",
+    "fcn": "FCN alone (Wang et al. 2017)",
+    "resnet": "ResNet alone (Wang et al. 2017)",
+    "tpe+hyperband": "Optuna `TPESampler` + `HyperbandPruner`, stand-alone training",
+    "random+sh": "Optuna `RandomSampler` + `SuccessiveHalvingPruner`, stand-alone training",
+}
+
+
+def results_table(results: dict[str, Any], name: str) -> str:
+    """One row per method on ``name``: test accuracy (mean +- s.e. over the seeds run), wall
+    minutes and the candidates its search evaluated."""
+    seeds = sorted({int(key.split("/")[1]) for key in results if key.startswith(f"{name}/")})
+    lines = [
+        f"| {name}, seeds {', '.join(map(str, seeds))} | test accuracy (%) | wall (min) "
+        "| candidates |",
+        "|---|---|---|---|",
+    ]
+    for method in METHODS:
+        runs = [r for seed in seeds if (r := results.get(f"{name}/{seed}/{method}"))]
+        if not runs:
+            continue
+        wall = sum(r["wall"] for r in runs) / len(runs) / 60
+        # the budget's placeholders a timeout left WAITING were never candidates
+        counts = [
+            ", ".join(p for p in str(r["trials"]).split(", ") if "waiting" not in p)
+            for r in runs
+            if r.get("trials")
+        ]
+        trials = "; ".join(counts) or "-"
+        accuracy = _mean_se([r["test"] for r in runs])
+        lines.append(f"| {ARMS[method]} | {accuracy} | {wall:.1f} | {trials} |")
+    return "\n".join(lines)
+
+
 def _mean_se(values: list[float]) -> str:
     if not values:
         return "-"
