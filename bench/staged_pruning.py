@@ -41,6 +41,14 @@ def main() -> None:
         "--finetune-lr", type=float, default=None, help="override the medium and full stages' lr"
     )
     parser.add_argument("--stage-schedule", default="cosine", choices=("constant", "cosine"))
+    parser.add_argument(
+        "--min-top-fidelity",
+        type=float,
+        default=None,
+        help="add a row: StagedPruner(min_top_fidelity=...) (a stage weak within the top "
+        "cuts only its bottom half)",
+    )
+    parser.add_argument("--fidelity-trials", type=int, default=10)
     args = parser.parse_args()
     totals: dict[str, Any] = {"steps": [0, 0], "same best": 0, "gap": []}
     seeds = [int(s) for s in args.seeds.split(",")]
@@ -53,6 +61,8 @@ def main() -> None:
             args.promote,
             args.stage_schedule,
             args.finetune_lr,
+            args.min_top_fidelity,
+            args.fidelity_trials,
         )
         totals["steps"][0] += full
         totals["steps"][1] += staged
@@ -76,6 +86,8 @@ def run(
     promote: float | None = None,
     stage_schedule: str = "cosine",
     finetune_lr: float | None = None,
+    min_top_fidelity: float | None = None,
+    fidelity_trials: int = 10,
 ) -> tuple[int, int, float]:
     """One comparison; returns (fine-tuning steps of the full evaluation, steps of the
     StagedPruner, best accuracy of the full evaluation minus the StagedPruner's)."""
@@ -148,10 +160,16 @@ def run(
     candidates = sample_architectures(space, n_candidates, seed)
 
     rows = {}
-    for name, pruner in (
+    pruners: list[tuple[str, optuna.pruners.BasePruner]] = [
         ("every candidate, all stages", optuna.pruners.NopPruner()),
         ("StagedPruner", StagedPruner(plan)),
-    ):
+    ]
+    if min_top_fidelity is not None:
+        weak = StagedPruner(
+            plan, min_top_fidelity=min_top_fidelity, fidelity_trials=fidelity_trials
+        )
+        pruners.append((f"StagedPruner, top tau < {min_top_fidelity:g}", weak))
+    for name, pruner in pruners:
         study = optuna.create_study(direction="maximize", pruner=pruner)
         for arch in candidates:
             study.enqueue_trial(space.to_params(arch))
@@ -181,6 +199,21 @@ def run(
             f"{name:<28} {steps:>7} {saved:>6.0%} {seconds:>8.1f} {best:>9.4f} {rank_of[arch]:>9}"
         )
     print("* rank of the chosen architecture when every candidate runs every stage")
+    from optuna_hpcnas import _keys
+
+    for name, (*_, study) in rows.items():
+        taus: dict[str, list[float]] = {}
+        for t in study.trials:
+            for key, value in t.system_attrs.items():
+                if key.startswith(_keys.PRUNER_TOP_FIDELITY):
+                    stage = key[len(_keys.PRUNER_TOP_FIDELITY) :]
+                    taus.setdefault(stage, []).append(float(value))
+        for stage, read in taus.items():
+            weak = sum(v < (min_top_fidelity or 0.0) for v in read)
+            print(
+                f"{name}: stage {stage!r} fidelity within the top read {len(read)} times, "
+                f"tau {min(read):+.2f} to {max(read):+.2f}, weak {weak} times"
+            )
     staged_steps, _, staged_best, _, _ = rows["StagedPruner"]
     return full_steps, staged_steps, rows[full_name][2] - staged_best
 
