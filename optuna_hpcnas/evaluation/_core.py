@@ -514,7 +514,7 @@ class TrialEvaluator:
         """FLOPs of ``arch``'s subnet (the cost-aware scheduler's estimate), cached."""
         key = arch.to_json()
         if key not in self._flops:
-            model = self.supernet.subnet(arch).to(self.trainer.device)
+            model = self.trainer.subnet(arch)
             self._flops[key] = float(count_flops(model, self.data.input_shape))
         return self._flops[key]
 
@@ -584,7 +584,7 @@ class TrialEvaluator:
         self._population_steps(link)
         model: nn.Module
         if self.config.precise_batch_norm:  # ``_validate`` recomputes the statistics anyway
-            model = self.trainer.supernet.subnet(arch).to(self.trainer.device).eval()
+            model = self.trainer.subnet(arch).eval()
         else:
             model = self.trainer.calibrated_subnet(arch, self.data.train)
         costs = self._costs(arch, model, link)
@@ -719,7 +719,7 @@ class TrialEvaluator:
         on_step: Callable[[], None] | None,
     ) -> Outcome:
         if model is None:  # not the leader: the engine replaces these weights by the leader's
-            model = self.supernet.subnet(arch).to(self.trainer.device)
+            model = self.trainer.subnet(arch)
         models, sessions = self._open(arch, link, engine, model)
         plan = link.plan
         base = trial_seed(self.seed, link.number)

@@ -328,13 +328,15 @@ class StagedPruner(BasePruner):
             entry = (last, trial.number)
             competing.append(entry)
             share = plan.stages[stage].promote
-            if not _promotable(entry, competing, share, maximize) and share < 0.5:
-                fidelity, threshold = self._top_fidelity(trials, key), self._min_top_fidelity
-                if fidelity is not None and threshold is not None:
+            promoted = _promotable(entry, competing, share, maximize)
+            threshold = self._min_top_fidelity
+            if not promoted and threshold is not None and share < 0.5:
+                fidelity = self._top_fidelity(trials, key)
+                if fidelity is not None:
                     writes[_keys.PRUNER_TOP_FIDELITY + name] = fidelity
-                    if fidelity < threshold:
-                        share = 0.5  # its order of the best is noise: cut only the bottom
-            if not _promotable(entry, competing, share, maximize):
+                    if fidelity < threshold:  # its order of the best is noise: cut the bottom
+                        promoted = _promotable(entry, competing, 0.5, maximize)
+            if not promoted:
                 reason = f"not promoted after stage {name!r} (step {step})"
                 writes[_keys.PRUNER_REASON] = reason
                 pruned = True
@@ -343,9 +345,7 @@ class StagedPruner(BasePruner):
 
     def _top_fidelity(self, trials: Sequence[FrozenTrial], key: str) -> float | None:
         """Kendall tau between the values at ``key``'s stage and the final values of the
-        trials that finished the last stage (``None``: off, or too few yet)."""
-        if self._min_top_fidelity is None:
-            return None
+        trials that finished the last stage (``None``: too few yet)."""
         last = self._plan.stages[-1].name
         pairs = [
             (float(t.system_attrs[key]), float(t.value))

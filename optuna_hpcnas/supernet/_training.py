@@ -444,9 +444,13 @@ class SupernetTrainer:
         self.optimizer = make_optimizer(self.supernet.parameters(), self.config)
 
     # ------------------------------------------------------------------ scoring
+    def subnet(self, arch: Architecture) -> nn.Module:
+        """``supernet.subnet(arch)`` on the trainer's device, its shared weights as trained."""
+        return self.supernet.subnet(arch).to(self.device)
+
     def calibrated_subnet(self, arch: Architecture, dataset: Any) -> nn.Module:
-        """``supernet.subnet(arch)`` with BatchNorm statistics recomputed on ``dataset``."""
-        sub = self.supernet.subnet(arch).to(self.device)
+        """``subnet(arch)`` with BatchNorm statistics recomputed on ``dataset``."""
+        sub = self.subnet(arch)
         generator = torch.Generator().manual_seed(self.config.seed)
         batches = iterate_batches(
             dataset, self.config.batch_size, shuffle=True, generator=generator
