@@ -803,7 +803,7 @@ class QUBOSampler(ArchitectureSampler):
             guess = self._feasibility.fit(x, target).predict(fantasies)[0]
             x, target = _believed(x, target, fantasies, guess)
             # The fit standardises its target again: move the threshold with it.
-            mean, std = float(target.mean()), float(target.std())
+            mean, std = float(target.mean()), float(target.std()) or 1.0
             target, threshold = (target - mean) / std, (threshold - mean) / std
         return self._feasibility.fit(x, target).mean(), threshold
 

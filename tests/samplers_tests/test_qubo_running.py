@@ -155,3 +155,11 @@ def test_a_running_trial_changes_the_next_proposal() -> None:
 def test_fantasize_running_must_be_a_bool() -> None:
     with pytest.raises(TypeError, match="fantasize_running"):
         QUBOSampler(fantasize_running=1)  # type: ignore[arg-type]
+
+
+def test_a_constant_feasibility_target_with_running_trials_keeps_a_finite_threshold() -> None:
+    sampler = QUBOSampler(fantasize_running=True)
+    codes = np.array([[1, 0, 1], [0, 1, 1], [1, 1, 0]], dtype=float)
+    running = np.array([[0, 0, 1]], dtype=float)
+    model, threshold = sampler._draw_feasibility(codes, running, (np.arange(3), np.zeros(3), 0.0))
+    assert model is not None and np.isfinite(threshold)
