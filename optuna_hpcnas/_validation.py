@@ -70,10 +70,12 @@ def check_number(
     *,
     positive: bool = True,
     minimum: float | None = None,
+    maximum: float | None = None,
     allow_none: bool = False,
 ) -> None:
-    """A finite int or float, ``> 0`` when ``positive`` and ``>= minimum`` when given: NaN and
-    infinity are refused, as they pass every comparison-based check and fail much later."""
+    """A finite int or float, ``> 0`` when ``positive`` and in ``[minimum, maximum]`` where
+    given: NaN and infinity are refused, as they pass every comparison-based check and fail
+    much later."""
     if value is None and allow_none:
         return
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -84,6 +86,8 @@ def check_number(
         raise ValueError(f"`{name}` is {value}, but must be > 0.")
     if minimum is not None and value < minimum:
         raise ValueError(f"`{name}` is {value}, but must be >= {minimum}.")
+    if maximum is not None and value > maximum:
+        raise ValueError(f"`{name}` is {value}, but must be <= {maximum}.")
 
 
 def check_bool(name: str, value: Any) -> None:

@@ -239,11 +239,14 @@ class StagedPruner(BasePruner):
         min_top_fidelity: float | None = None,
         fidelity_trials: int = 10,
     ) -> None:
-        check_number("min_top_fidelity", min_top_fidelity, positive=False, allow_none=True)
-        if min_top_fidelity is not None and not -1.0 <= min_top_fidelity <= 1.0:
-            raise ValueError(
-                f"`min_top_fidelity` is {min_top_fidelity}, but must be a Kendall tau in [-1, 1]."
-            )
+        check_number(  # a Kendall tau
+            "min_top_fidelity",
+            min_top_fidelity,
+            positive=False,
+            minimum=-1.0,
+            maximum=1.0,
+            allow_none=True,
+        )
         check_int("fidelity_trials", fidelity_trials, 3)
         self._min_top_fidelity = min_top_fidelity
         self._fidelity_trials = fidelity_trials
