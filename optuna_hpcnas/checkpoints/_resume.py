@@ -28,6 +28,7 @@ from optuna_hpcnas import _keys
 from optuna_hpcnas._validation import check_number
 from optuna_hpcnas._validation import check_str
 from optuna_hpcnas.checkpoints._config import CheckpointConfig
+from optuna_hpcnas.storages import CALL_TIMEOUT_S
 
 if TYPE_CHECKING:
     import optuna
@@ -40,13 +41,16 @@ def heartbeat_storage(
     config: CheckpointConfig | None = None,
     *,
     engine_kwargs: dict[str, Any] | None = None,
+    call_timeout: float | None = CALL_TIMEOUT_S,
 ) -> optuna.storages.RDBStorage:
     """An RDB storage whose dead workers' trials are retried.
 
     Heartbeats every ``config.heartbeat_interval`` seconds; a trial silent for
     ``config.grace_period`` is failed and re-queued (up to ``config.max_retry`` times) by
     :class:`optuna.storages.RetryHeartbeatStaleTrialCallback`. Built by the storage room's
-    one RDB constructor (``optuna_hpcnas.storages.rdb_storage``), as ``open_storage`` builds it.
+    one RDB constructor (``optuna_hpcnas.storages.rdb_storage``), as ``open_storage`` builds it,
+    with the same bound on a call to a frozen PostgreSQL or MySQL server: ``call_timeout``
+    seconds (``open_storage``'s ``call_timeout``; ``None`` waits without limit).
 
     Examples:
         .. code-block:: python
@@ -58,6 +62,7 @@ def heartbeat_storage(
     from optuna_hpcnas.storages import rdb_storage
 
     check_str("url", url, what="a SQLAlchemy URL string")
+    check_number("call_timeout", call_timeout, allow_none=True)
     config = config or CheckpointConfig()
     return rdb_storage(
         url,
@@ -65,6 +70,7 @@ def heartbeat_storage(
         grace_period=config.grace_period,
         max_retry=config.max_retry,
         engine_kwargs=engine_kwargs,
+        call_timeout=call_timeout,
     )
 
 

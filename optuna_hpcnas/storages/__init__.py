@@ -22,6 +22,7 @@ from optuna_hpcnas.storages._lease import lease_expiry
 from optuna_hpcnas.storages._lease import recover_expired_trials
 from optuna_hpcnas.storages._lease import TrialHeartbeat
 from optuna_hpcnas.storages._lease import TrialLease
+from optuna_hpcnas.storages._open import CALL_TIMEOUT_S
 from optuna_hpcnas.storages._open import describe_storage
 from optuna_hpcnas.storages._open import open_storage
 from optuna_hpcnas.storages._open import parse_grpc_url
@@ -47,6 +48,7 @@ from optuna_hpcnas.storages._urls import sqlite_file
 from optuna_hpcnas.storages._urls import storage_kind
 
 __all__ = [
+    "CALL_TIMEOUT_S",
     "EXIT_STORAGE_UNAVAILABLE",
     "SQLITE_TIMEOUT",
     "ArtifactCorruptedError",

@@ -145,3 +145,29 @@ def test_sqlite_and_storages_without_a_call_timeout_are_not_watched(tmp_path: Pa
     ):
         assert not storage.engine.dispatch.before_cursor_execute  # type: ignore[attr-defined]
         assert not storage.engine.pool.dispatch.checkout  # type: ignore[attr-defined]
+
+
+def test_heartbeat_storages_bound_their_calls_as_open_storage_does() -> None:
+    """``checkpoints.heartbeat_storage`` hands the driver the same timeouts, its default
+    being ``open_storage``'s; ``call_timeout=None`` leaves a call unbounded."""
+    pytest.importorskip("psycopg")
+    from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg
+
+    from optuna_hpcnas.checkpoints import heartbeat_storage
+    from optuna_hpcnas.storages import CALL_TIMEOUT_S
+
+    seen: list[dict[str, Any]] = []
+
+    def capture(dialect: Any, record: Any, cargs: Any, cparams: dict[str, Any]) -> None:
+        seen.append(dict(cparams))
+        raise _Connected
+
+    url = "postgresql+psycopg://nas@db:5432/nas"
+    sqlalchemy.event.listen(PGDialect_psycopg, "do_connect", capture)
+    try:
+        for call_timeout in (CALL_TIMEOUT_S, 4.2, None):
+            with pytest.raises(_Connected):
+                heartbeat_storage(url, call_timeout=call_timeout)
+    finally:
+        sqlalchemy.event.remove(PGDialect_psycopg, "do_connect", capture)
+    assert [args.get("connect_timeout") for args in seen] == [int(CALL_TIMEOUT_S), 5, None]
