@@ -510,12 +510,13 @@ class TrialEvaluator:
             grad_clip=self.trainer.config.grad_clip,
         )
 
-    def predicted_flops(self, arch: Architecture) -> float:
-        """FLOPs of ``arch``'s subnet (the cost-aware scheduler's estimate), cached."""
+    def predicted_flops(self, arch: Architecture, model: nn.Module | None = None) -> float:
+        """FLOPs of ``arch``'s subnet (``model`` where it is built already), counted once per
+        architecture: the cost-aware scheduler's estimate and the trial's recorded cost."""
         key = arch.to_json()
         if key not in self._flops:
-            model = self.trainer.subnet(arch)
-            self._flops[key] = float(count_flops(model, self.data.input_shape))
+            subnet = self.trainer.subnet(arch) if model is None else model
+            self._flops[key] = float(count_flops(subnet, self.data.input_shape))
         return self._flops[key]
 
     def warm_up(self, *, epochs: int | None = None, max_batches: int | None = None) -> list[float]:
@@ -622,7 +623,7 @@ class TrialEvaluator:
                 measured = self._deployed_latency(arch, model)
                 records[_keys.OBJECTIVE_ONNX_LATENCY] = measured
         costs = {
-            "flops": float(count_flops(model, shape)),
+            "flops": self.predicted_flops(arch, model),
             "params": float(count_parameters(model)),
             "latency": predicted if self.config.latency == "predicted" else measured,
         }

@@ -173,3 +173,30 @@ def test_fronts_are_non_dominated_and_each_is_dominated_by_the_one_before(
             assert not any(_dominates(o.values, t.values, signs) for o in front)
             if k:
                 assert any(_dominates(o.values, t.values, signs) for o in layers[k - 1])
+
+
+def test_an_architectures_flops_are_counted_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The recorded FLOPs and the cost-aware scheduler's estimate (``predicted_flops``) share
+    one count per architecture, however many trials evaluate it."""
+    from optuna_hpcnas.evaluation import _core
+
+    counted: list[int] = []
+    count_flops = _core.count_flops
+
+    def counting(model: torch.nn.Module, shape: tuple[int, ...]) -> int:
+        counted.append(1)
+        return count_flops(model, shape)
+
+    monkeypatch.setattr(_core, "count_flops", counting)
+    objective = _objective()
+    objective.train_supernet()
+    study = optuna.create_study(direction="maximize")
+    study.optimize(objective, n_trials=1)
+    params = study.trials[0].params
+    for _ in range(2):
+        study.enqueue_trial(params)
+    study.optimize(objective, n_trials=2)
+    flops = {t.user_attrs[_keys.OBJECTIVE_FLOPS] for t in study.trials}
+    arch = SPACE.from_params(params)
+    assert len(flops) == 1 and objective.core.predicted_flops(arch) == flops.pop() > 0
+    assert len(counted) == 1
