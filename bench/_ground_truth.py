@@ -116,12 +116,28 @@ class GroundTruth:
 
 
 def ground_truth(rows: Sequence[dict[str, Any]]) -> GroundTruth:
-    """The architectures that have a row for every seed of the table, as arrays."""
-    seeds = sorted({int(r["seed"]) for r in rows})
+    """The largest complete part of a table, as arrays: the seeds and the architectures that
+    have a row for each of those seeds, chosen for the most rows (at least two seeds where
+    any two seeds share an architecture, so that a noise ceiling can be measured). A table
+    still being built (300 architectures of 3 seeds, 20 of a fourth) gives 300 x 3."""
     by_arch: dict[int, dict[int, dict[str, Any]]] = {}
     for r in rows:
         by_arch.setdefault(int(r["arch_index"]), {})[int(r["seed"])] = r
-    complete = [i for i in sorted(by_arch) if len(by_arch[i]) == len(seeds)]
+    coverage: dict[int, int] = {}
+    for runs in by_arch.values():
+        for seed in runs:
+            coverage[seed] = coverage.get(seed, 0) + 1
+    # the k seeds that cover most architectures, for every k: the rectangle with most rows
+    by_coverage = sorted(coverage, key=lambda seed: (-coverage[seed], seed))
+    best: tuple[bool, int, int] = (False, 0, 0)
+    seeds: list[int] = []
+    complete: list[int] = []
+    for k in range(1, len(by_coverage) + 1):
+        chosen = sorted(by_coverage[:k])
+        archs = [i for i in sorted(by_arch) if all(s in by_arch[i] for s in chosen)]
+        score = (k >= 2 and bool(archs), k * len(archs), k)
+        if archs and score > best:
+            best, seeds, complete = score, chosen, archs
     if not complete:
         raise ValueError("No architecture of the table has a row for every seed.")
 

@@ -95,6 +95,17 @@ def test_an_architecture_missing_a_seed_is_left_out() -> None:
     assert truth.loss.shape == (2, 4)
 
 
+def test_a_table_being_built_is_read_as_its_largest_complete_part() -> None:
+    """300 x 3 seeds with a fourth seed on 20 architectures is read as 300 x 3, not 20 x 4;
+    two seeds are kept over one even when one seed alone has more rows."""
+    rows = _rows(np.random.default_rng(2).random((4, 30)))
+    building = [r for r in rows if r["seed"] < 3 or r["arch_index"] < 2]
+    truth = gt.ground_truth(building)
+    assert truth.seeds == [0, 1, 2] and len(truth.archs) == 30
+    sparse = [r for r in rows if r["seed"] == 0 or (r["seed"] == 1 and r["arch_index"] < 5)]
+    assert gt.ground_truth(sparse).loss.shape == (2, 5)
+
+
 def test_the_plateau_is_the_first_budget_whose_doubling_gains_little() -> None:
     builder = _module("ground_truth")
     assert builder.plateau([(2, 1.0), (4, 0.5), (8, 0.45), (16, 0.449)], 0.02) == 8
