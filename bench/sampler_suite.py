@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 from dataclasses import dataclass
+import heapq
 import json
 import math
 import os
@@ -55,6 +56,13 @@ CHECKPOINTS = (50, 100, 200)
 TUNING = ("digits", "nb201-cifar10", "quadratic")
 OUT_OF_SAMPLE = ("nb201-cifar100", "nb201-imagenet16-120")
 MODES = ("plain", "constraint", "penalty")
+# Run only when named (``--modes async,two-objective``): the settings of clusters and of
+# trade-offs.
+CLUSTER_MODES = ("async", "two-objective")
+ASYNC_WORKERS = 16
+# Mean seconds of a simulated evaluation: a cheap candidate's (docs/distributed.md's 10 s
+# class), against which each sampler's own measured seconds per ask and tell count.
+ASYNC_TRIAL_SECONDS = 10.0
 
 SAMPLERS: dict[str, Callable[[int], optuna.samplers.BaseSampler]] = {
     "Evolution": lambda s: EvolutionarySampler(seed=s),
@@ -63,6 +71,8 @@ SAMPLERS: dict[str, Callable[[int], optuna.samplers.BaseSampler]] = {
     "TPE": lambda s: optuna.samplers.TPESampler(multivariate=True, seed=s),
     "NSGA-II": lambda s: optuna.samplers.NSGAIISampler(seed=s),
     "GP": lambda s: optuna.samplers.GPSampler(seed=s),
+    # what an expert sets for asynchronous workers
+    "TPE-CL": lambda s: optuna.samplers.TPESampler(multivariate=True, constant_liar=True, seed=s),
 }
 
 
@@ -179,6 +189,119 @@ def run_one(problem: Problem, mode: str, sampler: optuna.samplers.BaseSampler, n
     return {"curve": curve, "seconds": seconds, "repeats": repeats}
 
 
+def _lognormal_durations(seed: int, n: int) -> np.ndarray:
+    """Evaluation seconds of the ``n`` trials of a seed's studies, in ask order (lognormal,
+    sigma 0.5, mean ``ASYNC_TRIAL_SECONDS``): every sampler of a seed meets the same ones."""
+    sigma = 0.5
+    rng = np.random.default_rng([seed, ASYNC_WORKERS])
+    return ASYNC_TRIAL_SECONDS * rng.lognormal(-(sigma**2) / 2, sigma, n)
+
+
+def reference_clock(durations: np.ndarray, workers: int) -> float:
+    """Simulated seconds ``workers`` workers take for every trial of ``durations`` when asking
+    costs nothing: the equal time at which the samplers are compared."""
+    free = [0.0] * workers
+    for duration in durations:
+        heapq.heappush(free, heapq.heappop(free) + float(duration))
+    return max(free)
+
+
+def run_async(
+    problem: Problem, sampler: optuna.samplers.BaseSampler, n: int, seed: int
+) -> dict[str, Any]:
+    """``ASYNC_WORKERS`` simulated workers on one study (an event simulation, no threads):
+    each asks as soon as its last result is told, so every ask sees the other workers' trials
+    RUNNING, and results arrive out of order. A worker's clock advances by its ask's and
+    tell's measured seconds plus the drawn evaluation time. Regret by completed trials
+    (``curve``) and at ``reference_clock`` (``regret_at_time``: what finished by then)."""
+    durations = _lognormal_durations(seed, n)
+    suggest = problem.suggest_for_new_study()
+    study = optuna.create_study(sampler=sampler)
+    running: list[tuple[float, int, optuna.Trial, Any]] = []
+    start = time.perf_counter()
+
+    def ask(now: float) -> None:
+        t0 = time.perf_counter()
+        trial = study.ask()
+        key = suggest(trial)  # the sampler proposes as the parameters are suggested
+        ready = now + time.perf_counter() - t0
+        heapq.heappush(running, (ready + durations[trial.number], trial.number, trial, key))
+
+    for _ in range(min(ASYNC_WORKERS, n)):
+        ask(0.0)
+    told: list[Any] = []
+    finished: list[float] = []
+    while running:
+        now, _, trial, key = heapq.heappop(running)
+        t0 = time.perf_counter()
+        study.tell(trial, problem.value[key])
+        now += time.perf_counter() - t0
+        told.append(key)
+        finished.append(now)
+        if len(study.trials) < n:
+            ask(now)
+    best, worst = problem.optimum(False)
+    values = np.array([problem.value[k] for k in told])
+    curve = np.minimum.accumulate(values) - best
+    deadline = reference_clock(durations, ASYNC_WORKERS)
+    in_time = values[np.asarray(finished) <= deadline]
+    return {
+        "curve": [float(v) for v in curve],
+        "regret_at_time": float((in_time.min() if len(in_time) else worst) - best),
+        "finished_by_time": int(len(in_time)),
+        "seconds": time.perf_counter() - start,
+        "repeats": len(told) - len(set(told)),
+    }
+
+
+def hypervolume_regret(problem: Problem, keys: list[Any]) -> list[float]:
+    """1 - the hypervolume of the first ``i`` points over that of the problem's exact front,
+    for every ``i``; (value, cost) scaled to [0, 1] (the value from its best to its 90th
+    percentile: worse points are no trade-off anyone wants), reference point (1, 1)."""
+    from nas_table import hypervolume_2d
+
+    every = np.array([(problem.value[k], problem.cost[k]) for k in problem.value])
+    low = every.min(axis=0)
+    high = np.array([np.quantile(every[:, 0], 0.9), every[:, 1].max()])
+    front = hypervolume_2d((every - low) / (high - low), (1.0, 1.0))
+    points = (np.array([(problem.value[k], problem.cost[k]) for k in keys]) - low) / (high - low)
+    return [1.0 - hypervolume_2d(points[: i + 1], (1.0, 1.0)) / front for i in range(len(keys))]
+
+
+def run_two_objective(
+    problem: Problem, sampler: optuna.samplers.BaseSampler, n: int
+) -> dict[str, Any]:
+    """One study minimising (value, cost): hypervolume regret against the exact front."""
+    keys: list[Any] = []
+    suggest = problem.suggest_for_new_study()
+
+    def objective(trial: optuna.Trial) -> tuple[float, float]:
+        key = suggest(trial)
+        keys.append(key)
+        return problem.value[key], problem.cost[key]
+
+    study = optuna.create_study(directions=["minimize", "minimize"], sampler=sampler)
+    start = time.perf_counter()
+    study.optimize(objective, n_trials=n)
+    seconds = time.perf_counter() - start
+    return {
+        "curve": hypervolume_regret(problem, keys),
+        "seconds": seconds,
+        "repeats": len(keys) - len(set(keys)),
+    }
+
+
+def run_mode(
+    problem: Problem, mode: str, sampler: optuna.samplers.BaseSampler, n: int, seed: int
+) -> dict[str, Any]:
+    """One study of ``mode`` (``MODES`` and ``CLUSTER_MODES``)."""
+    if mode == "async":
+        return run_async(problem, sampler, n, seed)
+    if mode == "two-objective":
+        return run_two_objective(problem, sampler, n)
+    return run_one(problem, mode, sampler, n)
+
+
 def _path(problem: str, mode: str, sampler: str, seed: int, tag: str) -> Path:
     return RESULTS / problem / mode / f"{sampler}{tag}" / f"{seed}.json"
 
@@ -188,6 +311,9 @@ def cmd_run(args: argparse.Namespace) -> None:
     for name in args.samplers.split(","):
         if name not in SAMPLERS:
             raise SystemExit(f"unknown sampler {name!r}; known: {list(SAMPLERS)}")
+    for mode in args.modes.split(","):
+        if mode not in MODES + CLUSTER_MODES:
+            raise SystemExit(f"unknown mode {mode!r}; known: {list(MODES + CLUSTER_MODES)}")
     for pname in problems:
         fixed = None if pname == "quadratic" else make_problem(pname, 0)
         for mode in args.modes.split(","):
@@ -197,7 +323,7 @@ def cmd_run(args: argparse.Namespace) -> None:
                     if path.exists() and not args.fresh:
                         continue
                     problem = fixed or make_problem(pname, seed)
-                    out = run_one(problem, mode, SAMPLERS[sname](seed), args.trials)
+                    out = run_mode(problem, mode, SAMPLERS[sname](seed), args.trials, seed)
                     path.parent.mkdir(parents=True, exist_ok=True)
                     path.write_text(json.dumps(out))
                     print(
@@ -258,30 +384,71 @@ def cmd_table(args: argparse.Namespace) -> None:
                 print(f"| {label} | {len(rs)} | {' | '.join(cells)} |")
 
 
+def regret_summary(
+    samplers: list[str], problems: list[str], modes: list[str], seeds: int, at: int
+) -> dict[str, Any]:
+    """The cached runs as one record: per problem and mode, each sampler's regret at ``at``
+    trials (mean, standard error, seeds found) and each sampler's mean seconds per study."""
+    rows: list[dict[str, Any]] = []
+    seconds: dict[str, list[float]] = {n: [] for n in samplers}
+    for pname in problems:
+        for mode in modes:
+            # the asynchronous mode is read twice: by completed trials, and at equal
+            # simulated time (what each sampler had finished when asking cost nothing)
+            reads = [(mode, "curve")] + (
+                [("async, equal time", "regret_at_time")] if mode == "async" else []
+            )
+            for label, field in reads:
+                cells: dict[str, dict[str, float] | None] = {}
+                for name in samplers:
+                    rs = [r for r in _load(pname, mode, name, seeds) if len(r["curve"]) >= at]
+                    if not rs:
+                        cells[name] = None
+                        continue
+                    read = [r["curve"][at - 1] if field == "curve" else r[field] for r in rs]
+                    m, se = _mean_se(read)
+                    if field == "curve":
+                        seconds[name] += [r["seconds"] for r in rs]
+                    cells[name] = {"mean": m, "se": se, "seeds": len(rs)}
+                rows.append({"problem": pname, "mode": label, "regret": cells})
+    return {
+        "at": at,
+        "seeds": seeds,
+        "samplers": samplers,
+        "rows": rows,
+        "seconds": {n: float(np.mean(v)) if v else None for n, v in seconds.items()},
+    }
+
+
+def regret_cell(cell: dict[str, float] | None, seeds: int, *, errors: bool = True) -> str:
+    """One cell of ``regret_summary``: the mean (± standard error), the seeds in brackets
+    where fewer than ``seeds`` ran, ``-`` where none did."""
+    if cell is None:
+        return "-"
+    error = f" ± {cell['se']:.3f}" if errors else ""
+    fewer = "" if cell["seeds"] == seeds else f" [{cell['seeds']:.0f}]"
+    return f"{cell['mean']:.3f}{error}{fewer}"
+
+
 def cmd_summary(args: argparse.Namespace) -> None:
     """One row per problem and mode, one column per sampler: regret at ``--at`` trials
     (mean ± standard error, seeds in brackets where fewer than ``--seeds``) and, last, the
-    mean seconds per study of each sampler."""
+    mean seconds per study of each sampler; ``--out`` also stores it as JSON (the README's
+    sampler table is written from that file by ``bench/readme_figures.py``)."""
     names = args.samplers.split(",")
-    at = args.at
+    result = regret_summary(
+        names, args.problems.split(","), args.modes.split(","), args.seeds, args.at
+    )
     print(f"| problem | mode | {' | '.join(names)} |")
     print("|---|---|" + "---|" * len(names))
-    seconds: dict[str, list[float]] = {n: [] for n in names}
-    for pname in args.problems.split(","):
-        for mode in args.modes.split(","):
-            cells = []
-            for name in names:
-                rs = [r for r in _load(pname, mode, name, args.seeds) if len(r["curve"]) >= at]
-                if not rs:
-                    cells.append("-")
-                    continue
-                m, se = _mean_se([r["curve"][at - 1] for r in rs])
-                seconds[name] += [r["seconds"] for r in rs]
-                seeds = "" if len(rs) == args.seeds else f" [{len(rs)}]"
-                cells.append(f"{m:.3f} ± {se:.3f}{seeds}")
-            print(f"| {pname} | {mode} | {' | '.join(cells)} |")
-    secs = [f"{np.mean(v):.2f}" if v else "-" for v in seconds.values()]
+    for row in result["rows"]:
+        cells = [regret_cell(row["regret"][name], args.seeds) for name in names]
+        print(f"| {row['problem']} | {row['mode']} | {' | '.join(cells)} |")
+    secs = [f"{v:.2f}" if v is not None else "-" for v in result["seconds"].values()]
     print(f"| s per study | (mean) | {' | '.join(secs)} |")
+    if args.out is not None:
+        result["command"] = "python bench/sampler_suite.py " + " ".join(sys.argv[1:])
+        args.out.write_text(json.dumps(result, indent=1) + "\n")
 
 
 def main() -> None:
@@ -309,6 +476,7 @@ def main() -> None:
     summary.add_argument("--modes", default=",".join(MODES))
     summary.add_argument("--seeds", type=int, default=30)
     summary.add_argument("--at", type=int, default=100)
+    summary.add_argument("--out", type=Path, help="also store the summary as JSON here")
     args = parser.parse_args()
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     warnings.filterwarnings("ignore")
