@@ -12,9 +12,13 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
+import dataclasses
 from dataclasses import dataclass
+import json
 import logging
 import os
+from pathlib import Path
+import sys
 import time
 from typing import Any
 
@@ -88,8 +92,10 @@ class DemoResult:
     best_architecture: str
     best_valid_accuracy: float
     retrained_test_accuracy: float
+    trials: int
     complete_trials: int
     pruned_trials: int
+    test_images: int
     supernet_seconds: float
     search_seconds: float
     retrain_seconds: float
@@ -166,8 +172,10 @@ def run_demo(
         best_architecture=arch.describe(),
         best_valid_accuracy=float(best.value or 0.0),
         retrained_test_accuracy=float(result["test_accuracy"]),
+        trials=len(trials),
         complete_trials=len(done),
         pruned_trials=len(pruned),
+        test_images=data.sizes[2],
         supernet_seconds=supernet_seconds,
         search_seconds=search_seconds,
         retrain_seconds=retrain_seconds,
@@ -257,6 +265,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--retrain-steps", type=int, default=1000)
     parser.add_argument("--threads", type=int, default=int(os.environ.get("HPCNAS_THREADS", 1)))
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--json", type=Path, default=None, help="also write the result as JSON to this file"
+    )
     args = parser.parse_args(argv)
     from optuna_hpcnas._openmp import passive_openmp
 
@@ -274,6 +285,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         threads=args.threads,
         seed=args.seed,
     )
+    if args.json is not None:
+        record = {
+            **dataclasses.asdict(result),
+            "timeout_s": args.timeout,
+            "threads": args.threads,
+            "date": time.strftime("%Y-%m-%d"),
+            "command": "python -m optuna_hpcnas.demo "
+            + " ".join(sys.argv[1:] if argv is None else argv),
+        }
+        args.json.write_text(json.dumps(record, indent=1) + "\n")
     return 0 if result.retrained_test_accuracy >= 0.97 else 1
 
 

@@ -36,3 +36,22 @@ def test_demo_sampler_choices() -> None:
     with pytest.raises(ValueError, match="`name` is 'grid'"):
         demo.make_sampler("grid", 0)
     assert [s.name for s in demo.demo_plan().stages] == ["quick", "medium", "full"]
+
+
+@pytest.mark.slow
+def test_demo_writes_its_result_as_json(tmp_path) -> None:
+    """``--json`` stores what the README's demo figure is written from."""
+    import json
+
+    path = tmp_path / "demo.json"
+    url = f"sqlite:///{tmp_path / 'demo.db'}"
+    argv = ["--storage", url, "--sampler", "random", "--trials", "2", "--timeout", "20"]
+    argv += ["--supernet-epochs", "1", "--retrain-steps", "3", "--json", str(path)]
+    demo.main(argv)
+    record = json.loads(path.read_text())
+    study = optuna.load_study(study_name=record["study_name"], storage=url)
+    assert record["trials"] == len(study.trials) == 2
+    assert record["complete_trials"] + record["pruned_trials"] == 2
+    assert record["test_images"] == 359 and record["timeout_s"] == 20
+    assert record["command"].endswith("--json " + str(path))
+    assert 0.0 < record["retrained_test_accuracy"] <= 1.0
