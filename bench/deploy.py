@@ -24,9 +24,11 @@ three runtimes (median of the rounds), so that a busy shared machine slows all o
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 from pathlib import Path
+import sys
 import tempfile
 import time
 from typing import Any
@@ -173,6 +175,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=300, help="timed batch-1 runs")
     parser.add_argument("--rounds", type=int, default=5, help="alternating timing rounds")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, help="also store the results as JSON here")
     args = parser.parse_args()
 
     import numpy as np
@@ -243,6 +246,23 @@ def main() -> None:
             f"{report.int8.bytes / report.fp32.bytes:.2f}x; INT8 throughput {tput:.2f}x FP32"
         )
     print(f"onnxruntime {results[0][2].versions['onnxruntime']}, 1 intra-op thread")
+    if args.out is not None:
+        record = {
+            "command": "python bench/deploy.py " + " ".join(sys.argv[1:]),
+            "date": time.strftime("%Y-%m-%d"),
+            "onnxruntime": results[0][2].versions["onnxruntime"],
+            "models": [
+                {
+                    "model": label,
+                    "architecture": described,
+                    "bytes": {"ort FP32": report.fp32.bytes, "ort INT8": report.int8.bytes},
+                    "accuracy": accuracy,
+                    "timed_ms": timed,
+                }
+                for label, described, report, _, timed, accuracy in results
+            ],
+        }
+        args.out.write_text(json.dumps(record, indent=1) + "\n")
 
 
 if __name__ == "__main__":

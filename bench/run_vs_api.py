@@ -84,6 +84,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--trials", type=int, default=20)
     parser.add_argument("--api-worker", nargs=2, metavar=("STORAGE", "TRIALS"))
+    parser.add_argument("--out", type=Path, help="also store the result as JSON here")
     args = parser.parse_args()
     if args.api_worker:
         api_worker(args.api_worker[0], int(args.api_worker[1]))
@@ -110,7 +111,12 @@ def main() -> None:
             f"{s / api_s:6.2f}x"
         )
     print(f"trials with the same architecture and value: {same}/{args.trials}")
-    print(json.dumps({"api_s": api_s, "cli_s": cli_s, "same": same}))
+    record = {"trials": args.trials, "api_s": api_s, "cli_s": cli_s, "same": same}
+    print(json.dumps(record))
+    if args.out is not None:
+        record["command"] = "python bench/run_vs_api.py " + " ".join(sys.argv[1:])
+        record["date"] = time.strftime("%Y-%m-%d")
+        args.out.write_text(json.dumps(record, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -264,12 +264,21 @@ def optuna_peer(name: str, seed: int, budget: float, method: str) -> dict[str, A
 
 
 # ---------------------------------------------------------------------------- table
-def _table(results: dict[str, Any], sets: list[str], seeds: list[int]) -> str:
-    head = "| set | " + " | ".join(METHODS) + " | published FCN / ResNet |"
-    lines = [head, "|" + "---|" * (len(METHODS) + 2)]
+def _methods_run(results: dict[str, Any]) -> list[str]:
+    """The methods that have a result, in ``METHODS`` order."""
+    run = {key.split("/")[2] for key in results}
+    return [m for m in METHODS if m in run]
+
+
+def tsc_table(results: dict[str, Any], sets: list[str], seeds: list[int]) -> str:
+    """Test accuracy (%) per set and method, mean +- s.e. over the seeds, beside the
+    published figures."""
+    methods = _methods_run(results)
+    head = "| set | " + " | ".join(methods) + " | published FCN / ResNet |"
+    lines = [head, "|" + "---|" * (len(methods) + 2)]
     for name in sets:
         cells = []
-        for method in METHODS:
+        for method in methods:
             values = [
                 results[key]["test"]
                 for seed in seeds
@@ -282,13 +291,14 @@ def _table(results: dict[str, Any], sets: list[str], seeds: list[int]) -> str:
     return "\n".join(lines)
 
 
-def _seconds_table(results: dict[str, Any], sets: list[str], seeds: list[int]) -> str:
+def seconds_table(results: dict[str, Any], sets: list[str], seeds: list[int]) -> str:
     """Wall seconds each method took (mean over the seeds), and what (a) exported."""
-    lines = ["| set | " + " | ".join(f"{m} s" for m in METHODS) + " | (a) exported |"]
-    lines.append("|" + "---|" * (len(METHODS) + 2))
+    methods = _methods_run(results)
+    lines = ["| set | " + " | ".join(f"{m} s" for m in methods) + " | (a) exported |"]
+    lines.append("|" + "---|" * (len(methods) + 2))
     for name in sets:
         cells = []
-        for method in METHODS:
+        for method in methods:
             walls = [
                 results[key]["wall"]
                 for seed in seeds
@@ -405,8 +415,8 @@ def main() -> None:
         if args.plot is not None:
             plot_over_time(results, args.sets[0], args.seeds, args.plot)
         print(f"test accuracy (%), {args.minutes:g} minutes per method, seeds {args.seeds}")
-        print(_table(results, args.sets, args.seeds))
-        print(_seconds_table(results, args.sets, args.seeds))
+        print(tsc_table(results, args.sets, args.seeds))
+        print(seconds_table(results, args.sets, args.seeds))
         return
 
     import torch
@@ -435,13 +445,14 @@ def main() -> None:
                 else:
                     result = textbook(method, name, seed, given)
                 result["wall"] = time.perf_counter() - started
+                result["budget_s"] = given
                 results[key] = result
                 out.write_text(json.dumps(results, indent=1))
                 print(key, json.dumps(result), flush=True)
     minutes = f"{args.minutes:g} minutes per method on 2 cores"
     print(f"\ntest accuracy (%), {minutes}, seeds {args.seeds}")
-    print(_table(results, args.sets, args.seeds))
-    print(_seconds_table(results, args.sets, args.seeds))
+    print(tsc_table(results, args.sets, args.seeds))
+    print(seconds_table(results, args.sets, args.seeds))
 
 
 if __name__ == "__main__":

@@ -20,7 +20,8 @@ def _run(*args: str) -> subprocess.CompletedProcess[str]:
 
 def test_the_checkouts_figures_are_written_from_the_stored_results() -> None:
     readme = (ROOT / "README.md").read_text()
-    assert "<!-- figure: peers-mnist1d -->" in readme
+    for name in ("demo", "deploy-int8", "peers-mnist1d", "run-vs-api", "samplers"):
+        assert f"<!-- figure: {name} -->" in readme, name
     checked = _run("--check")
     assert checked.returncode == 0, checked.stderr + checked.stdout
 
