@@ -45,9 +45,9 @@ def _demo(data: Path) -> str:
     """What ``make demo`` printed: ``python -m optuna_hpcnas.demo --json bench/data/demo.json``."""
     r = json.loads((data / "demo.json").read_text())
     return (
-        f"As `{r['command']}` (what `make demo` runs, less its options) printed it on {r['date']} on 2 CPU "
-        f"cores, {r['threads']} thread: {r['total_seconds']:.1f} s wall; the search has a "
-        f"{r['timeout_s']:.0f} s budget, in which it ran {r['trials']} trials "
+        f"As `{r['command']}` (what `make demo` runs, less its options) printed it on "
+        f"{r['date']} on 2 CPU cores, {r['threads']} thread: {r['total_seconds']:.1f} s wall; "
+        f"the search has a {r['timeout_s']:.0f} s budget, in which it ran {r['trials']} trials "
         f"({r['complete_trials']} complete, {r['pruned_trials']} stopped by the StagedPruner); "
         f"best retrained test accuracy {r['retrained_test_accuracy']:.3f} on "
         f"{r['test_images']} test images (target 0.97)."
