@@ -24,14 +24,14 @@ three runtimes (median of the rounds), so that a busy shared machine slows all o
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 from pathlib import Path
-import sys
 import tempfile
 import time
 from typing import Any
+
+from _stored import store_result
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
@@ -248,8 +248,6 @@ def main() -> None:
     print(f"onnxruntime {results[0][2].versions['onnxruntime']}, 1 intra-op thread")
     if args.out is not None:
         record = {
-            "command": "python bench/deploy.py " + " ".join(sys.argv[1:]),
-            "date": time.strftime("%Y-%m-%d"),
             "onnxruntime": results[0][2].versions["onnxruntime"],
             "models": [
                 {
@@ -262,7 +260,7 @@ def main() -> None:
                 for label, described, report, _, timed, accuracy in results
             ],
         }
-        args.out.write_text(json.dumps(record, indent=1) + "\n")
+        store_result(args.out, record)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,8 @@ import sys
 import tempfile
 import time
 
+from _stored import store_result
+
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "examples" / "nas.toml"
 
@@ -114,9 +116,7 @@ def main() -> None:
     record = {"trials": args.trials, "api_s": api_s, "cli_s": cli_s, "same": same}
     print(json.dumps(record))
     if args.out is not None:
-        record["command"] = "python bench/run_vs_api.py " + " ".join(sys.argv[1:])
-        record["date"] = time.strftime("%Y-%m-%d")
-        args.out.write_text(json.dumps(record, indent=1) + "\n")
+        store_result(args.out, record)
 
 
 if __name__ == "__main__":

@@ -46,6 +46,8 @@ import optuna
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from _stored import store_result
+
 from optuna_hpcnas import HierarchicalSearchSpace
 from optuna_hpcnas.samplers import EvolutionarySampler
 from optuna_hpcnas.samplers import QUBOSampler
@@ -447,8 +449,7 @@ def cmd_summary(args: argparse.Namespace) -> None:
     secs = [f"{v:.2f}" if v is not None else "-" for v in result["seconds"].values()]
     print(f"| s per study | (mean) | {' | '.join(secs)} |")
     if args.out is not None:
-        result["command"] = "python bench/sampler_suite.py " + " ".join(sys.argv[1:])
-        args.out.write_text(json.dumps(result, indent=1) + "\n")
+        store_result(args.out, result)
 
 
 def main() -> None:
