@@ -19,6 +19,15 @@ from pathlib import Path
 import re
 import sys
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from tsc_vs_textbook import PUBLISHED
+from tsc_vs_textbook import result_seeds
+from tsc_vs_textbook import result_sets
+from tsc_vs_textbook import results_table
+from tsc_vs_textbook import seconds_table
+from tsc_vs_textbook import tsc_table
+
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "bench" / "data"
 DOCUMENTS = (
@@ -34,9 +43,6 @@ _FIGURE = re.compile(r"(<!-- figure: ([\w.-]+) -->\n)(.*?)(<!-- /figure -->)", r
 def _peers_mnist1d(data: Path) -> str:
     """The peer table on MNIST-1D: ``bench/tsc_vs_textbook.py --sets mnist1d`` with every
     method (its ``--out`` stored as ``bench/data/tsc_vs_textbook_mnist1d.json``)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from tsc_vs_textbook import results_table
-
     results = json.loads((data / "tsc_vs_textbook_mnist1d.json").read_text())
     return results_table(results, "mnist1d")
 
@@ -135,8 +141,7 @@ _SAMPLERS = {"Evolution": "Evolutionary"}
 def _samplers(data: Path, name: str = "sampler_suite.json", *, errors: bool = False) -> str:
     """The sampler table: ``bench/sampler_suite.py summary --out`` stored as
     ``bench/data/sampler_suite.json`` (regret at N trials, mean over the seeds)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from sampler_suite import regret_cell
+    from sampler_suite import regret_cell  # imports the package: only for this figure
 
     r = json.loads((data / name).read_text())
     names = r["samplers"]
@@ -171,7 +176,7 @@ def _accuracy(results: dict, name: str, method: str) -> str:
 def _protocol(results: dict) -> str:
     """The seeds and the budget (``--minutes``) of an arm, as the results record them; a peer
     is given at least the wall time (a) took."""
-    seeds = sorted({int(key.split("/")[1]) for key in results})
+    seeds = result_seeds(results)
     budgets = [r["budget_s"] for r in results.values() if "budget_s" in r]
     minutes = f", {min(budgets) / 60:g} min an arm, peers given (a)'s wall" if budgets else ""
     return f"{len(seeds)} seed{'s' * (len(seeds) > 1)}{minutes}"
@@ -181,14 +186,10 @@ def _tasks(data: Path) -> str:
     """The table "Which tasks it fits": the demo (``demo.json``) and
     ``bench/tsc_vs_textbook.py`` on MNIST-1D and on the archive's sets (``--out``
     ``tsc_vs_textbook_mnist1d.json`` and ``tsc_vs_textbook_aeon.json``)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from tsc_vs_textbook import PUBLISHED
-
     demo = json.loads((data / "demo.json").read_text())
     mnist = json.loads((data / "tsc_vs_textbook_mnist1d.json").read_text())
     aeon = json.loads((data / "tsc_vs_textbook_aeon.json").read_text())
-    sets = [n for n in ("GunPoint", "ItalyPowerDemand", "BasicMotions")
-            if any(k.startswith(f"{n}/") for k in aeon)]  # fmt: skip
+    sets = result_sets(aeon)
 
     def per_set(method: str) -> str:
         return " / ".join(_accuracy(aeon, n, method) for n in sets)
@@ -231,14 +232,8 @@ def _tasks(data: Path) -> str:
 def _tsc_aeon(data: Path) -> str:
     """The archive's sets against the textbook and Optuna's own: ``bench/tsc_vs_textbook.py``
     with ``--out bench/data/tsc_vs_textbook_aeon.json``; test accuracy, then wall seconds."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from tsc_vs_textbook import seconds_table
-    from tsc_vs_textbook import SETS
-    from tsc_vs_textbook import tsc_table
-
     results = json.loads((data / "tsc_vs_textbook_aeon.json").read_text())
-    sets = [n for n in SETS if any(key.startswith(f"{n}/") for key in results)]
-    seeds = sorted({int(key.split("/")[1]) for key in results})
+    sets, seeds = result_sets(results), result_seeds(results)
     return "\n".join(
         [
             f"Test accuracy (%), {_protocol(results)}:",

@@ -325,10 +325,22 @@ ARMS = {
 }
 
 
+def result_seeds(results: dict[str, Any], name: str | None = None) -> list[int]:
+    """The seeds of ``results`` (keys ``set/seed/method``), of the set ``name`` where given."""
+    return sorted(
+        {int(key.split("/")[1]) for key in results if name is None or key.startswith(f"{name}/")}
+    )
+
+
+def result_sets(results: dict[str, Any]) -> list[str]:
+    """The sets of ``results``, in ``SETS`` order."""
+    return [name for name in SETS if any(key.startswith(f"{name}/") for key in results)]
+
+
 def results_table(results: dict[str, Any], name: str) -> str:
     """One row per method on ``name``: test accuracy (mean +- s.e. over the seeds run), wall
     minutes and the candidates its search evaluated."""
-    seeds = sorted({int(key.split("/")[1]) for key in results if key.startswith(f"{name}/")})
+    seeds = result_seeds(results, name)
     lines = [
         f"| {name}, seeds {', '.join(map(str, seeds))} | test accuracy (%) | wall (min) "
         "| candidates |",
