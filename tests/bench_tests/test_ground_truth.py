@@ -4,34 +4,19 @@ row, a noise ceiling that tells a resolvable table from noise, the plateau rule,
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 import subprocess
 import sys
-from types import ModuleType
 from typing import Any
 
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
+from tests.bench_tests._bench import BENCH
+from tests.bench_tests._bench import bench_module
 
-
-def _module(name: str) -> ModuleType:
-    sys.path.insert(0, str(BENCH))
-    try:
-        spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-        return module
-    finally:
-        sys.path.remove(str(BENCH))
-
-
-gt = _module("_ground_truth")
+gt = bench_module("_ground_truth")
 
 
 def _rows(loss: np.ndarray) -> list[dict[str, Any]]:
@@ -107,7 +92,7 @@ def test_a_table_being_built_is_read_as_its_largest_complete_part() -> None:
 
 
 def test_the_plateau_is_the_first_budget_whose_doubling_gains_little() -> None:
-    builder = _module("ground_truth")
+    builder = bench_module("ground_truth")
     assert builder.plateau([(2, 1.0), (4, 0.5), (8, 0.45), (16, 0.449)], 0.02) == 8
     assert builder.plateau([(2, 1.0), (4, 0.5), (8, 0.6)], 0.02) == 4  # overfits past 4
     assert builder.plateau([(2, 1.0), (4, 0.5), (8, 0.25)], 0.02) == 8  # still gaining

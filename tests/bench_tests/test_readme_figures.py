@@ -8,6 +8,8 @@ import shutil
 import subprocess
 import sys
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "bench" / "readme_figures.py"
 
@@ -49,3 +51,22 @@ def test_an_unknown_figure_is_refused(tmp_path: Path) -> None:
         f.write("\n<!-- figure: no-such-figure -->\nx\n<!-- /figure -->\n")
     refused = _run("--check", "--root", str(tmp_path))
     assert refused.returncode == 1 and "unknown figure 'no-such-figure'" in refused.stderr
+
+
+def test_a_stored_result_names_its_command_and_day(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import json
+    import time
+
+    from tests.bench_tests._bench import bench_module
+
+    stored = bench_module("_stored")
+    monkeypatch.setattr(sys, "argv", ["/any/where/bench/deploy.py", "--out", "x.json"])
+    stored.store_result(tmp_path / "x.json", {"accuracy": 0.5})
+    record = json.loads((tmp_path / "x.json").read_text())
+    assert record == {
+        "accuracy": 0.5,
+        "command": "python bench/deploy.py --out x.json",
+        "date": time.strftime("%Y-%m-%d"),
+    }

@@ -8,9 +8,9 @@ import numpy as np
 import optuna
 import pytest
 
-from tests.bench_tests.test_ground_truth import _module
+from tests.bench_tests._bench import bench_module
 
-suite = _module("sampler_suite")
+suite = bench_module("sampler_suite")
 
 
 def test_the_reference_clock_schedules_every_trial_on_the_first_free_worker() -> None:

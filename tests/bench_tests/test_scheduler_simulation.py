@@ -3,29 +3,14 @@ dynamic pull beats static round-robin on heavy tails."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-import sys
-from types import ModuleType
-
 import numpy as np
 import pytest
 
 from optuna_hpcnas.distributed import DynamicScheduler
 from optuna_hpcnas.distributed import Task
+from tests.bench_tests._bench import bench_module
 
-
-def _simulation() -> ModuleType:
-    path = Path(__file__).resolve().parents[2] / "bench" / "_scheduler_simulation.py"
-    spec = importlib.util.spec_from_file_location("_scheduler_simulation", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-sim = _simulation()
+sim = bench_module("_scheduler_simulation")
 
 
 def _heavy_tailed(n: int, seed: int) -> np.ndarray:
