@@ -95,6 +95,14 @@ class _Server(abc.ABC):
         self.close()
 
 
+def _signal_if_alive(pid: int, signum: int) -> None:
+    """Send ``signum`` to ``pid``, skipping a process that has exited since it was listed."""
+    try:
+        os.kill(pid, signum)
+    except ProcessLookupError:
+        pass
+
+
 class PostgresServer(_Server):
     """A PostgreSQL cluster of its own on a free port (trust authentication, fsync off).
 
@@ -146,10 +154,13 @@ class PostgresServer(_Server):
         """``pg_ctl stop -m fast`` (or ``immediate``, a crash): connections are cut."""
         self._run(str(self._bin / "pg_ctl"), "-D", str(self._data), "-m", mode, "-w", "stop")
 
-    def _processes(self) -> list[int]:
-        """The postmaster (first line of ``postmaster.pid``) and its children (backends,
-        checkpointer, ...: ``/proc/*/stat`` with its pid as parent)."""
-        postmaster = int((self._data / "postmaster.pid").read_text().split("\n", 1)[0])
+    def _postmaster(self) -> int:
+        """The postmaster's pid: the first line of ``postmaster.pid``."""
+        return int((self._data / "postmaster.pid").read_text().split("\n", 1)[0])
+
+    def _children(self, postmaster: int) -> list[int]:
+        """The postmaster's children (backends, checkpointer, ...: ``/proc/*/stat`` with its
+        pid as parent)."""
         children = []
         for stat in Path("/proc").glob("[0-9]*/stat"):
             try:
@@ -159,19 +170,24 @@ class PostgresServer(_Server):
                 continue  # exited meanwhile
             if int(fields[1]) == postmaster:
                 children.append(int(stat.parent.name))
-        return [postmaster, *children]
+        return children
 
     def freeze(self) -> None:
         """SIGSTOP the postmaster, then every backend: the server holds its connections
         open and answers nothing, as a frozen host does (the kernel still accepts and
-        acknowledges). The postmaster first, so that it forks no backend meanwhile."""
-        for pid in self._processes():
-            os.kill(pid, signal.SIGSTOP)
+        acknowledges). The postmaster first, so that it forks no backend meanwhile; its
+        children are listed once it is stopped, and one that has exited since is skipped."""
+        postmaster = self._postmaster()
+        os.kill(postmaster, signal.SIGSTOP)
+        for pid in self._children(postmaster):
+            _signal_if_alive(pid, signal.SIGSTOP)
 
     def thaw(self) -> None:
-        """SIGCONT after ``freeze``."""
-        for pid in reversed(self._processes()):
-            os.kill(pid, signal.SIGCONT)
+        """SIGCONT after ``freeze``: the backends first, then the postmaster."""
+        postmaster = self._postmaster()
+        for pid in self._children(postmaster):
+            _signal_if_alive(pid, signal.SIGCONT)
+        os.kill(postmaster, signal.SIGCONT)
 
     def close(self) -> None:
         if (self._data / "postmaster.pid").exists():

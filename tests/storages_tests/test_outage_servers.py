@@ -163,6 +163,40 @@ def test_a_frozen_postgresql_past_the_window_exits_75_and_resume_finishes(
     _check_frozen_past_the_window(postgres, tmp_path, freeze_s=18)
 
 
+def test_freeze_and_thaw_skip_backends_that_exit_meanwhile(postgres: PostgresServer) -> None:
+    """Backends come and go while the server is frozen and thawed (a client connecting and
+    leaving in a loop): a backend that exits between the listing and its signal is skipped,
+    never an error, and the thawed server answers."""
+    import threading
+
+    import sqlalchemy
+
+    engine = sqlalchemy.create_engine(postgres.url, poolclass=sqlalchemy.pool.NullPool)
+    stop = threading.Event()
+
+    def churn() -> None:
+        while not stop.is_set():
+            try:
+                with engine.connect() as connection:
+                    connection.execute(sqlalchemy.text("SELECT 1"))
+            except sqlalchemy.exc.OperationalError:
+                time.sleep(0.01)
+
+    threads = [threading.Thread(target=churn, daemon=True) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    try:
+        for _ in range(100):
+            postgres.freeze()
+            postgres.thaw()
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=30)
+    with engine.connect() as connection:
+        assert connection.execute(sqlalchemy.text("SELECT 1")).scalar() == 1
+
+
 # ---------------------------------------------------------------------------- heartbeats
 def test_heartbeats_go_on_across_an_outage_and_a_dead_worker_is_recovered_once(
     postgres: PostgresServer,
