@@ -14,6 +14,12 @@ The measured p50/p99 ask+tell latencies and the best trials/s per backend then g
 utilisation at 1,024 evaluation groups per backend.
 
     python bench/storage_scaling.py [--workers 1 2 4 8 16] [--duration 4] [--json out.json]
+        [--batch 64] [--mean-duration 0.1]
+
+``--batch k`` measures one-shot mode's protocol instead (``[distributed] one_shot_batch``):
+each worker reads the study once and writes ``k`` trials finished on a local in-memory copy
+in one call; a trial's latencies are its share of the read and the write plus its local ask
+and tell (measured once per worker: at 1,024 groups that work is on the groups' own nodes).
 
 On this machine (2 cores) clients and servers share the cores: the figures are CPU-bound
 lower bounds of what a server on its own node does.
@@ -45,7 +51,7 @@ BACKENDS = ("postgresql", "mysql", "journal-redis", "journal-file", "grpc", "sql
 
 
 def _worker(
-    url: str, study_name: str, duration: float, index: int, barrier: Any, out: Any
+    url: str, study_name: str, duration: float, index: int, barrier: Any, out: Any, batch: int
 ) -> None:
     try:
         optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -54,33 +60,78 @@ def _worker(
             storage=open_storage(url),
             sampler=optuna.samplers.RandomSampler(seed=index),
         )
-        dist = {"x": optuna.distributions.FloatDistribution(0.0, 1.0)}
         barrier.wait()
-        asks: list[float] = []
-        tells: list[float] = []
-        end = time.perf_counter() + duration
-        while time.perf_counter() < end:
-            t0 = time.perf_counter()
-            trial = study.ask(dist)
-            t1 = time.perf_counter()
-            study.tell(trial, trial.params["x"])
-            t2 = time.perf_counter()
-            asks.append(t1 - t0)
-            tells.append(t2 - t1)
+        run = _ask_and_tell if batch == 1 else _batched
+        asks, tells = run(study, duration, batch, index)
         out.put((index, asks, tells, None))
     except BaseException as e:
         barrier.abort()
         out.put((index, [], [], f"{type(e).__name__}: {e}"))
 
 
-def measure(url: str, n_workers: int, duration: float) -> dict[str, float]:
+_DISTRIBUTIONS = {"x": optuna.distributions.FloatDistribution(0.0, 1.0)}
+
+
+def _ask_and_tell(
+    study: optuna.Study, duration: float, batch: int, index: int
+) -> tuple[list[float], list[float]]:
+    """``study.ask`` / ``study.tell`` per trial: the latency of each."""
+    asks: list[float] = []
+    tells: list[float] = []
+    end = time.perf_counter() + duration
+    while time.perf_counter() < end:
+        t0 = time.perf_counter()
+        trial = study.ask(_DISTRIBUTIONS)
+        t1 = time.perf_counter()
+        study.tell(trial, trial.params["x"])
+        t2 = time.perf_counter()
+        asks.append(t1 - t0)
+        tells.append(t2 - t1)
+    return asks, tells
+
+
+def _batched(
+    study: optuna.Study, duration: float, batch: int, index: int
+) -> tuple[list[float], list[float]]:
+    """``hpcnas run``'s one-shot batches (``run._batches``) as the storage sees them: one read
+    of the study, then one write of ``batch`` finished trials (``_records.PublishFinished``,
+    new trials). The trials are asked and told once on a local in-memory copy before the
+    clock starts and written again in every batch: at 1,024 groups that local work runs on
+    each group's own node, so it is left out of the storage's capacity (here it would take
+    the shared cores from the server). Each trial's latencies are its share of the batch's
+    read (ask) and write (tell) plus the local ask and tell measured before."""
+    from optuna_hpcnas._records import PublishFinished
+
+    local = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=index))
+    frozen = []
+    t0 = time.perf_counter()
+    for _ in range(batch):
+        trial = local.ask(_DISTRIBUTIONS)
+        local.tell(trial, trial.params["x"])
+        frozen.append(local._storage.get_trial(trial._trial_id))
+    local_s = (time.perf_counter() - t0) / batch / 2  # half an ask, half a tell
+    asks: list[float] = []
+    tells: list[float] = []
+    end = time.perf_counter() + duration
+    while time.perf_counter() < end:
+        t1 = time.perf_counter()
+        study.get_trials(deepcopy=False)  # the copy's read of what others wrote
+        t2 = time.perf_counter()
+        PublishFinished(study, frozen, claim=uuid.uuid4().hex, budget=False)()
+        t3 = time.perf_counter()
+        asks += [local_s + (t2 - t1) / batch] * batch
+        tells += [local_s + (t3 - t2) / batch] * batch
+    return asks, tells
+
+
+def measure(url: str, n_workers: int, duration: float, batch: int = 1) -> dict[str, float]:
     study_name = f"scaling-{uuid.uuid4().hex[:8]}"
     optuna.create_study(storage=open_storage(url), study_name=study_name)
     ctx = multiprocessing.get_context("spawn")
     barrier = ctx.Barrier(n_workers + 1, timeout=600)
     out = ctx.Queue()
     procs = [
-        ctx.Process(target=_worker, args=(url, study_name, duration, i, barrier, out))
+        ctx.Process(target=_worker, args=(url, study_name, duration, i, barrier, out, batch))
         for i in range(n_workers)
     ]
     for p in procs:
@@ -135,13 +186,24 @@ def main() -> None:
     parser.add_argument("--mean-duration", type=float, nargs="+", default=[10.0, 126.0])
     parser.add_argument("--seeds", type=int, default=1, help="simulation seeds per prediction")
     parser.add_argument("--json", type=Path, default=None, help="write the figures here")
+    parser.add_argument(
+        "--batch",
+        type=int,
+        default=1,
+        help="trials per storage write: > 1 runs one-shot mode's batches (run._batches)",
+    )
     args = parser.parse_args()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
 
+    protocol = (
+        "ask/tell per trial"
+        if args.batch == 1
+        else f"batches of {args.batch} (one read and one write of {args.batch} trials)"
+    )
     print(
-        f"trivial objective, RandomSampler, {args.duration:g} s per cell, gRPC proxy over "
-        f"{args.proxy_over}; {multiprocessing.cpu_count()} CPU cores shared by workers and "
-        "servers (CPU-bound figures)\n"
+        f"trivial objective, RandomSampler, {protocol}, {args.duration:g} s per cell, gRPC "
+        f"proxy over {args.proxy_over}; {multiprocessing.cpu_count()} CPU cores shared by "
+        "workers and servers (CPU-bound figures)\n"
     )
     header = (
         f"{'backend':<14} {'workers':>7} {'trials/s':>9} {'vs PG':>6} {'ask p50':>8} "
@@ -158,7 +220,7 @@ def main() -> None:
                 # A fresh storage per cell: journals replay their whole log, so a study grown
                 # by the previous cell would slow the next one down.
                 with provision_backend(kind, workdir, proxy_over=args.proxy_over) as url:
-                    m = measure(url, n, args.duration)
+                    m = measure(url, n, args.duration, args.batch)
                 table[kind][n] = m
                 peer = table.get("postgresql", {}).get(n)
                 ratio = f"{m['trials_per_s'] / peer['trials_per_s']:5.2f}x" if peer else "    -"

@@ -58,6 +58,10 @@ RUN_DATA = "hpcnas:run:data"  # the [data] table the search ran on (JSON), for e
 # Trial system attribute written with the pop that takes a budget trial (RDB storages): the
 # popping call's token, so a pop tried again after a lost answer finds the trial it took.
 RUN_CLAIM = "hpcnas:run:claim"
+# Trial system attribute of a one-shot candidate asked and told on a leader's local copy of
+# the study and written in a batch (``run._batches``): the leader's token, so its own copy
+# does not read the trial back.
+RUN_BATCH_SOURCE = "hpcnas:run:batch_source"
 # The number of budget trials the study's runs asked for in all, written before they are queued,
 # so a run killed while queuing is resumed with its whole budget.
 RUN_BUDGET = "hpcnas:run:budget"

@@ -182,11 +182,18 @@ def _upsert_attrs(
     rdb: Any, session: Any, model: Any, trial_id: int, attrs: Mapping[str, Any]
 ) -> None:
     """``attrs`` of one trial in one statement (``_write_trial_rows``)."""
+    _upsert_attr_rows(rdb, session, model, [(trial_id, k, v) for k, v in attrs.items()])
+
+
+def _upsert_attr_rows(
+    rdb: Any, session: Any, model: Any, attrs: Sequence[tuple[int, str, Any]]
+) -> None:
+    """``(trial_id, key, value)`` attributes of one or several trials in one statement."""
     import sqlite3
 
     rows = [
         {"trial_id": trial_id, "key": key, "value_json": json.dumps(value)}
-        for key, value in attrs.items()
+        for trial_id, key, value in attrs
     ]
     dialect = rdb.engine.name
     if dialect == "mysql":
@@ -208,7 +215,7 @@ def _upsert_attrs(
             )
         )
     else:
-        for key, value in attrs.items():
+        for trial_id, key, value in attrs:
             rdb._set_trial_attr_without_commit(session, model, trial_id, key, value)
 
 
@@ -496,6 +503,240 @@ class TellOnce:
         raise UpdateFinishedTrialError(
             f"Trial {self.trial.number} is {frozen.state.name} already; its result is not told."
         )
+
+
+def budget_room(trials: Sequence[FrozenTrial]) -> int:
+    """The WAITING trials of ``trials`` a batch of finished trials may fill: those queued
+    without parameters (a published model or a retry keeps its own)."""
+    from optuna.trial import TrialState
+
+    return sum(
+        1 for t in trials if t.state == TrialState.WAITING and "fixed_params" not in t.system_attrs
+    )
+
+
+class PublishFinished:
+    """Write trials finished elsewhere (scored on a local copy of the study) into ``study``:
+    into its WAITING budget trials queued without parameters (``budget``; at most all but
+    ``reserve`` of them, the rest of the batch is dropped), or as new trials. Returns the
+    numbers written. Call it through ``OutageWindow.call``: ``recover`` finds a lost try's
+    writes by ``claim``, written into every trial it fills.
+
+    An RDB storage gets the whole batch in one transaction: each budget trial taken under
+    its row lock in trial order (two writers never deadlock), its state, times, parameters,
+    values and attributes written as Optuna's ``_create_new_trial`` writes a template's.
+    Written by hand because Optuna has no call that fills a queued trial, nor any that
+    writes several trials at once. Other storages get Optuna's public calls, trial by trial.
+
+    Args:
+        study: The study to write into.
+        trials: The finished trials (any storage's ``FrozenTrial``), oldest first.
+        claim: A token unique to this batch.
+        budget: Fill budget trials (the run has ``n_trials``) rather than add new ones.
+        reserve: Budget trials left WAITING (one-shot finalists take them).
+    """
+
+    def __init__(
+        self,
+        study: optuna.Study,
+        trials: Sequence[FrozenTrial],
+        *,
+        claim: str,
+        budget: bool,
+        reserve: int = 0,
+    ) -> None:
+        self.study = study
+        self.trials = list(trials)
+        self.claim = claim
+        self.budget = budget
+        self.reserve = reserve
+        # storages without transactions: the numbers written so far, and the budget trial
+        # claimed but not written yet when a try failed (the next try writes it first)
+        self._written: list[int] = []
+        self._claimed: int | None = None
+
+    def __call__(self) -> list[int]:
+        rdb = rdb_backend(self.study._storage)
+        targets = self._targets() if self.budget else []
+        if rdb is not None:
+            return self._rdb(rdb, targets)
+        return self._one_by_one(targets)
+
+    def recover(self) -> tuple[bool, list[int] | None]:
+        rdb = rdb_backend(self.study._storage)
+        if rdb is None:
+            return False, None  # ``__call__`` goes on from the last trial written
+        numbers = [
+            t.number
+            for t in self.study._storage.get_all_trials(self.study._study_id, deepcopy=False)
+            if t.system_attrs.get(_keys.RUN_CLAIM) == self.claim
+        ]
+        return (True, numbers) if numbers else (False, None)
+
+    def _targets(self) -> list[int]:
+        """The budget trials this batch may fill, in trial order."""
+        from optuna.trial import TrialState
+
+        waiting = self.study._storage.get_all_trials(
+            self.study._study_id, deepcopy=False, states=(TrialState.WAITING,)
+        )
+        plain = [t._trial_id for t in waiting if "fixed_params" not in t.system_attrs]
+        return plain[: max(0, len(plain) - self.reserve)]
+
+    def _system_attrs(self, trial: FrozenTrial) -> dict[str, Any]:
+        return {**trial.system_attrs, _keys.RUN_CLAIM: self.claim}
+
+    def _rdb(self, rdb: Any, targets: list[int]) -> list[int]:
+        from optuna.storages._rdb.storage import _create_scoped_session
+
+        with _create_scoped_session(rdb.scoped_session, True) as session:
+            rows = (
+                self._new_rows(session) if not self.budget else self._budget_rows(session, targets)
+            )
+            self._write_rows(rdb, session, rows)
+            return [row.number for row in rows]
+
+    def _new_rows(self, session: Any) -> list[Any]:
+        """New trial rows, numbered as Optuna numbers them (under the study's row lock)."""
+        from optuna.storages._rdb import models
+        import sqlalchemy
+
+        study_id = self.study._study_id
+        models.StudyModel.find_or_raise_by_id(study_id, session, for_update=True)
+        count = (
+            session.query(sqlalchemy.func.count(models.TrialModel.trial_id))
+            .filter(models.TrialModel.study_id == study_id)
+            .scalar()
+        )
+        rows = [
+            models.TrialModel(
+                study_id=study_id,
+                number=count + i,
+                state=t.state,
+                datetime_start=t.datetime_start,
+                datetime_complete=t.datetime_complete,
+            )
+            for i, t in enumerate(self.trials)
+        ]
+        session.add_all(rows)
+        session.flush()  # their ids
+        return rows
+
+    def _budget_rows(self, session: Any, targets: list[int]) -> list[Any]:
+        """Budget trial rows still WAITING, taken under their row locks in trial order (a
+        row another writer took meanwhile is skipped: its lock released, it is no longer
+        WAITING), given each finished trial's state and times."""
+        from optuna.storages._rdb import models
+        from optuna.trial import TrialState
+
+        rows: list[Any] = []
+        left = list(targets)
+        while left and len(rows) < len(self.trials):
+            chunk, left = (
+                left[: len(self.trials) - len(rows)],
+                left[len(self.trials) - len(rows) :],
+            )
+            rows += (
+                session.query(models.TrialModel)
+                .filter(models.TrialModel.trial_id.in_(chunk))
+                .filter(models.TrialModel.state == TrialState.WAITING)
+                .order_by(models.TrialModel.trial_id)
+                .with_for_update()
+                .all()
+            )
+        for row, trial in zip(rows, self.trials):
+            row.state = trial.state
+            row.datetime_start = trial.datetime_start
+            row.datetime_complete = trial.datetime_complete
+        return rows
+
+    def _write_rows(self, rdb: Any, session: Any, rows: list[Any]) -> None:
+        """Each row's parameters, values, intermediate values and attributes: one multi-row
+        statement per table (Optuna writes a trial's rows key by key)."""
+        from optuna import distributions
+        from optuna.storages._rdb import models
+
+        children: list[Any] = []
+        user: list[tuple[int, str, Any]] = []
+        system: list[tuple[int, str, Any]] = []
+        for row, trial in zip(rows, self.trials):
+            for name, value in trial.params.items():
+                distribution = trial.distributions[name]
+                children.append(
+                    models.TrialParamModel(
+                        trial_id=row.trial_id,
+                        param_name=name,
+                        param_value=distribution.to_internal_repr(value),
+                        distribution_json=distributions.distribution_to_json(distribution),
+                    )
+                )
+            for objective, value in enumerate(trial.values or ()):
+                stored, kind = models.TrialValueModel.value_to_stored_repr(value)
+                children.append(
+                    models.TrialValueModel(
+                        trial_id=row.trial_id, objective=objective, value=stored, value_type=kind
+                    )
+                )
+            for step, value in trial.intermediate_values.items():
+                model = models.TrialIntermediateValueModel
+                stored, intermediate = model.intermediate_value_to_stored_repr(value)
+                children.append(
+                    model(
+                        trial_id=row.trial_id,
+                        step=step,
+                        intermediate_value=stored,
+                        intermediate_value_type=intermediate,
+                    )
+                )
+            user += [(row.trial_id, k, v) for k, v in trial.user_attrs.items()]
+            system += [(row.trial_id, k, v) for k, v in self._system_attrs(trial).items()]
+        session.add_all(children)
+        for model, attrs in (
+            (models.TrialUserAttributeModel, user),
+            (models.TrialSystemAttributeModel, system),
+        ):
+            if attrs:
+                _upsert_attr_rows(rdb, session, model, attrs)
+
+    def _one_by_one(self, targets: list[int]) -> list[int]:
+        """Public calls: each trial claimed (budget) or created, then written; a retry goes
+        on from the first trial not written."""
+        from optuna.exceptions import UpdateFinishedTrialError
+        from optuna.trial import TrialState
+
+        storage, study_id = self.study._storage, self.study._study_id
+        taken = iter(targets)
+        for trial in self.trials[len(self._written) :]:
+            if not self.budget:
+                created = storage.create_new_trial(study_id, template_trial=trial)
+                self._written.append(storage.get_trial_number_from_id(created))
+                continue
+            trial_id, self._claimed = self._claimed, None
+            if trial_id is not None and storage.get_trial(trial_id).state.is_finished():
+                self._written.append(storage.get_trial_number_from_id(trial_id))
+                continue  # the lost try's last write had landed
+            for candidate in taken if trial_id is None else ():
+                try:
+                    if storage.set_trial_state_values(candidate, TrialState.RUNNING):
+                        trial_id = candidate
+                        break
+                except UpdateFinishedTrialError:
+                    continue
+            if trial_id is None:
+                break
+            self._claimed = trial_id
+            for name, value in trial.params.items():
+                distribution = trial.distributions[name]
+                storage.set_trial_param(
+                    trial_id, name, distribution.to_internal_repr(value), distribution
+                )
+            for step, value in trial.intermediate_values.items():
+                storage.set_trial_intermediate_value(trial_id, step, value)
+            _set_attrs(storage, trial_id, user=trial.user_attrs, system=self._system_attrs(trial))
+            storage.set_trial_state_values(trial_id, trial.state, trial.values)
+            self._written.append(storage.get_trial_number_from_id(trial_id))
+            self._claimed = None
+        return list(self._written)
 
 
 def return_to_queue(trial: optuna.Trial) -> bool:

@@ -47,6 +47,10 @@ class DistributedConfig:
             finished trial but the running ones; ``"off"``: it asks after the tell, as
             ``study.optimize`` does; ``"auto"``: on with several groups, off with one (a
             one-process ``hpcnas run`` then samples exactly as the Python API).
+        one_shot_batch: One-shot mode: inherited candidates a leader asks and tells on a
+            local copy of the study and writes to it at once (one transaction on an RDB
+            storage; ``run._batches``); 1 asks and tells each on the study, as the Python API
+            does.
         processes: Ranks ``hpcnas run`` starts on this machine when no launcher started it
             (it re-runs itself under the ``mpirun`` of ``optuna-hpcnas[mpi]``): ``1`` runs in
             this process; ``"auto"`` one rank per CPU the process may use (affinity, cgroup
@@ -68,6 +72,7 @@ class DistributedConfig:
     scheduler: str = "dynamic"
     lookahead: int = 4
     ask_ahead: str = "auto"
+    one_shot_batch: int = 32
     processes: int | str = 1
 
     def __post_init__(self) -> None:
@@ -87,6 +92,7 @@ class DistributedConfig:
         check_choice("shm_op", self.shm_op, SHM_OP)
         check_choice("scheduler", self.scheduler, SCHEDULERS)
         check_int("lookahead", self.lookahead, 1)
+        check_int("one_shot_batch", self.one_shot_batch, 1)
         if self.processes != "auto":
             if isinstance(self.processes, str):
                 raise ValueError(

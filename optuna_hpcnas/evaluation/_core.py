@@ -191,6 +191,15 @@ class Outcome:
     reason: str | None = None
     metrics: dict[str, float] = field(default_factory=dict)
 
+    def told(self) -> tuple[Any, list[float] | None]:
+        """The ``optuna.trial.TrialState`` and values to tell (values: complete only)."""
+        from optuna.trial import TrialState
+
+        if self.state == "complete":
+            assert self.values is not None
+            return TrialState.COMPLETE, list(self.values)
+        return (TrialState.PRUNED if self.state == "pruned" else TrialState.FAIL), None
+
 
 class TrialLink(Protocol):
     """The trial side of an evaluation. Every method is called on every rank of a group, in

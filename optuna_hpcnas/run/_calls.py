@@ -34,9 +34,11 @@ if TYPE_CHECKING:
     import optuna
 
     from optuna_hpcnas.config import RunConfig
+    from optuna_hpcnas.distributed import EvaluationGroup
     from optuna_hpcnas.evaluation import Decision
     from optuna_hpcnas.evaluation import Outcome
     from optuna_hpcnas.evaluation import TrialPlan
+    from optuna_hpcnas.run._batches import InheritedBatches
     from optuna_hpcnas.search_space import Architecture
     from optuna_hpcnas.search_space import HierarchicalSearchSpace
 
@@ -75,6 +77,30 @@ class StudyCalls:
         """The one door to the storage: ``fn`` within the outage window (``OutageWindow.call``:
         a ``fn`` with a ``recover`` method is an idempotent call)."""
         return self.window.call(fn, *args, **kwargs)
+
+    def inherited_batches(self, group: EvaluationGroup) -> InheritedBatches | None:
+        """One-shot mode with ``[distributed] one_shot_batch`` > 1: the leader's batches of
+        inherited candidates (``run._batches``), through this object's calls; else ``None``."""
+        c = self._config
+        size = c.distributed.one_shot_batch
+        if c.objective.mode != "one-shot" or size <= 1:
+            return None
+        from optuna_hpcnas.run._batches import InheritedBatches
+
+        budget = c.study.n_trials is not None
+        return InheritedBatches(
+            self.study,
+            sampler=c.sampler.build(seed_offset=group.index),
+            size=size,
+            budget=budget,
+            reserve=c.objective.finalists if budget else 0,
+            call=self._call,
+            over=self._finalists_turn,
+        )
+
+    def _finalists_turn(self) -> bool:
+        """The timeout's share for one-shot finalists has begun."""
+        return self.finalists_from is not None and time.monotonic() >= self.finalists_from
 
     # ------------------------------------------------------------------ taking a trial
     def sweep(self) -> None:
@@ -116,7 +142,7 @@ class StudyCalls:
         written together (one transaction on RDB storages)."""
         objective = self._config.objective
         if objective.mode == "one-shot" and objective.finalists:
-            late = self.finalists_from is not None and time.monotonic() >= self.finalists_from
+            late = self._finalists_turn()
             of = self._call(
                 turn_into_finalist,
                 self.study,
@@ -168,16 +194,8 @@ class StudyCalls:
         system: dict[str, Any],
     ) -> None:
         """The trial's attributes (one transaction on RDB storages), then its state."""
-        from optuna.trial import TrialState
-
         self._call(_records.set_trial_attrs, trial, user=user, system=system)
-        if outcome.state == "complete":
-            assert outcome.values is not None
-            self._tell(trial, TrialState.COMPLETE, list(outcome.values))
-        elif outcome.state == "pruned":
-            self._tell(trial, TrialState.PRUNED)
-        else:
-            self._tell(trial, TrialState.FAIL)
+        self._tell(trial, *outcome.told())
 
     def _tell(self, trial: optuna.Trial, state: Any, values: list[float] | None = None) -> None:
         self._call(_records.TellOnce(self.study, trial, state, values))

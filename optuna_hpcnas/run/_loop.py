@@ -139,7 +139,12 @@ class GroupLoop:
         assert self.queue is not None
         link = LeaderLink(taken, self.queue, self.channel, self.group.comm, self.tracker)
         hooks = self.hooks
-        watch = hooks.watch(taken.trial) if hooks.watch is not None else contextlib.nullcontext()
+        # a batched candidate lives on the leader's local copy until its batch is written:
+        # nothing in the study to give back on a signal, nor to read after the trial (it
+        # trains nothing: no averaging, no checkpoint)
+        watch: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
+        if hooks.watch is not None and not taken.batched:
+            watch = hooks.watch(taken.trial)
         started = time.monotonic()
         with watch:
             with self.tracker.track("compute"):
@@ -152,7 +157,7 @@ class GroupLoop:
             engine=engine,
             seconds=time.monotonic() - started,
         )
-        if hooks.after_trial is not None:
+        if hooks.after_trial is not None and not taken.batched:
             with self.channel.leader_section("after the trial"):
                 if hooks.reads_told_trial:
                     self.queue.wait(told)

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 from typing import TypeVar
 
 from optuna_hpcnas import _keys
+from optuna_hpcnas import _records
 from optuna_hpcnas.distributed import DynamicScheduler
 from optuna_hpcnas.distributed import Task
 from optuna_hpcnas.run._storage_thread import StorageThread
@@ -44,22 +45,27 @@ if TYPE_CHECKING:
     from optuna_hpcnas.evaluation import Decision
     from optuna_hpcnas.evaluation import Outcome
     from optuna_hpcnas.evaluation import TrialPlan
+    from optuna_hpcnas.run._batches import InheritedBatches
     from optuna_hpcnas.run._calls import StudyCalls
     from optuna_hpcnas.search_space import Architecture
     from optuna_hpcnas.search_space import HierarchicalSearchSpace
 
 _logger = logging.getLogger(__name__)
 T = TypeVar("T")
+_WORST = {"maximize": -math.inf, "minimize": math.inf}
 
 
 @dataclass(frozen=True)
 class Taken:
-    """A trial the leader took: its architecture, plan and (population steps) population."""
+    """A trial the leader took: its architecture, plan and (population steps) population;
+    ``batched``: a one-shot candidate asked on the leader's local copy of the study
+    (``run._batches``), written to the study with its batch."""
 
     trial: optuna.Trial
     arch: Architecture
     plan: TrialPlan
     population: list[Architecture] | None
+    batched: bool = False
 
 
 class _KeptAlive:
@@ -95,8 +101,10 @@ class _Asker:
         alive: _KeptAlive,
         thread: StorageThread,
         observe_ask: Callable[[float], None] | None,
+        batches: InheritedBatches | None = None,
     ) -> None:
         self._calls = calls
+        self.batches = batches
         self._space = space
         self._group = group
         self._config = config
@@ -148,6 +156,11 @@ class _Asker:
         involves no sampler."""
         from optuna.exceptions import UpdateFinishedTrialError
 
+        if self.batches is not None:
+            taken = self._take_batched(told)
+            if taken is not None:
+                return taken
+            told = None  # waited for
         tracker = self.thread.tracker
         if self._config.study.n_trials is None:  # study.ask() runs the sampler's hooks
             self._wait(told)
@@ -180,6 +193,34 @@ class _Asker:
                 plan = self._calls.plan().for_trial(trial.user_attrs)
                 return Taken(trial, arch, plan, self._population())
 
+    def _take_batched(self, told: Future[None] | None) -> Taken | None:
+        """The next candidate of a batch, asked on the local copy; ``None`` once batches
+        are over (what the copy holds is written first: the finalists are chosen from it)."""
+        batches = self.batches
+        assert batches is not None
+        tracker = self.thread.tracker
+        self._wait(told)
+        while True:
+            with tracker.track("storage"):
+                if not batches.open():
+                    batches.flush()
+                    return None
+            started = time.perf_counter()
+            with tracker.track("sampler"):
+                trial = batches.ask()
+                arch = _records.suggest_architecture(self._space, trial)
+            if self._observe_ask is not None:
+                self._observe_ask(time.perf_counter() - started)
+            excess = arch.cluster.ranks - self._group.size
+            if excess > 0:
+                reason = self._infeasible_reason(arch)
+                worst = [_WORST[d] for d in self._config.directions]
+                batches.tell_infeasible(trial, excess, worst, reason)
+                self.infeasible += 1
+                continue
+            plan = self._calls.plan().for_trial(trial.user_attrs)
+            return Taken(trial, arch, plan, self._population(), batched=True)
+
     def _wait(self, told: Future[None] | None) -> None:
         if told is not None:
             with self.thread.tracker.track("storage"):
@@ -204,11 +245,14 @@ class _Asker:
                 self._alive.start(trial)
             return trial
 
-    def _tell_infeasible(self, trial: optuna.Trial, arch: Architecture, excess: int) -> None:
-        reason = (
+    def _infeasible_reason(self, arch: Architecture) -> str:
+        return (
             f"data_parallel x pipeline_stages = {arch.cluster.ranks} exceeds the "
             f"{self._group.size} ranks of evaluation group {self._group.index}"
         )
+
+    def _tell_infeasible(self, trial: optuna.Trial, arch: Architecture, excess: int) -> None:
+        reason = self._infeasible_reason(arch)
         with self.thread.tracker.track("storage"):
             self._calls.tell_infeasible(trial, excess, reason)
         self._alive.release(trial)
@@ -244,8 +288,16 @@ class LeaderQueue:
         self.calls = calls
         self._alive = _KeptAlive(calls)
         self._writes = StorageThread(tracker)
+        self.batches = calls.inherited_batches(group)
         self._asker = _Asker(
-            calls, space, group, config, self._alive, StorageThread(tracker), observe_ask
+            calls,
+            space,
+            group,
+            config,
+            self._alive,
+            StorageThread(tracker),
+            observe_ask,
+            self.batches,
         )
         self._group = group
         self._tracker = tracker
@@ -347,7 +399,9 @@ class LeaderQueue:
         }
         if seconds is not None:
             system[_keys.DISTRIBUTED_EVALUATION_SECONDS] = round(seconds, 3)
-        self._told = self._writes.submit(self._tell, taken.trial, outcome, records, system)
+        self._told = self._writes.submit(
+            self._tell, taken.trial, outcome, records, system, taken.batched
+        )
         return self._told
 
     def _tell(
@@ -356,9 +410,16 @@ class LeaderQueue:
         outcome: Outcome,
         records: dict[str, Any],
         system: dict[str, Any],
+        batched: bool,
     ) -> None:
         from optuna.exceptions import UpdateFinishedTrialError
 
+        if batched:  # on the local copy; its batch is written once whole
+            assert self.batches is not None
+            with self._writes.tracker.track("storage"):
+                self.batches.tell(trial, outcome, user=records, system=system)
+            self.trials_done += 1
+            return
         try:
             with self._writes.tracker.track("storage"):
                 self.calls.tell(trial, outcome, user=records, system=system)
@@ -378,7 +439,10 @@ class LeaderQueue:
 
     # ------------------------------------------------------------------ the end
     def drain(self) -> None:
-        """Wait for every queued call (counted as drain); raise the first error."""
+        """Wait for every queued call (counted as drain), the last batch written; raise the
+        first error."""
+        if self.batches is not None:
+            self._writes.submit(self.batches.flush)
         self._writes.drain()
         self._asker.thread.drain()
 
@@ -387,6 +451,8 @@ class LeaderQueue:
         started, stop every heartbeat and lease; errors are logged (also on a signal). With
         the storage gone past the window nothing is given back: the trials held stay
         RUNNING until their heartbeats or leases are stale, then a sweep retries them."""
+        if self.batches is not None and not self.calls.window.gave_up:
+            self._writes.submit(self.batches.flush)  # the candidates told: not lost
         self._writes.close()
         self._asker.thread.close()
         if not self.calls.window.gave_up:
@@ -400,7 +466,10 @@ class LeaderQueue:
         pending = self._asker.pending()
         if pending is not None:
             taken.append(pending)
-        for t in taken:
+        batched = [t for t in taken if t.batched]  # only on the local copy: nothing to give
+        if batched and self.batches is not None:
+            self.batches.forget(len(batched))
+        for t in (t for t in taken if not t.batched):
             if self.calls.give_back(t.trial):
                 _logger.info("Trial %d was asked but not started: queued again.", t.trial.number)
             self._alive.release(t.trial)

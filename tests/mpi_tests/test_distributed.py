@@ -218,10 +218,11 @@ def test_four_rank_search_two_groups_one_study(
     assert f"compute      {expected}" in status.stdout
 
 
-def test_one_shot_mode_under_mpirun_two_groups(tmp_path: Path) -> None:
-    """Two groups score the budget by inherited weights; its last two trials are finalists
-    (each the architecture of an inherited trial, trained through the stages), taken by
-    whichever group pops them."""
+@pytest.mark.parametrize("batch", [1, 3])
+def test_one_shot_mode_under_mpirun_two_groups(tmp_path: Path, batch: int) -> None:
+    """Two groups score the budget by inherited weights (one by one, or in batches on each
+    leader's copy of the study); its last two trials are finalists (each the architecture of
+    an inherited trial, trained through the stages), taken by whichever group pops them."""
     url = f"sqlite:///{tmp_path / 'nas.db'}"
     config = write_config(
         tmp_path / "nas.toml",
@@ -230,7 +231,7 @@ def test_one_shot_mode_under_mpirun_two_groups(tmp_path: Path) -> None:
             space={"preset": "digits-elastic"},
             training={"sandwich": True, "paths_per_batch": 3},
             objective={"mode": "one-shot", "finalists": 2},
-            distributed={"group_size": 1},
+            distributed={"group_size": 1, "one_shot_batch": batch},
         ),
     )
     proc = run_mpi(
@@ -254,3 +255,6 @@ def test_one_shot_mode_under_mpirun_two_groups(tmp_path: Path) -> None:
         assert source.params == t.params
     inherited = [t for t in trials if t not in finalists]
     assert all(t.user_attrs[_keys.OBJECTIVE_FIDELITY] == "inherited" for t in inherited)
+    if batch > 1:  # both leaders wrote batches (each of its own copy)
+        sources = {t.system_attrs.get(_keys.RUN_BATCH_SOURCE) for t in inherited}
+        assert len(sources - {None}) == 2, sources

@@ -18,7 +18,12 @@ from optuna_hpcnas.run._finalists import turn_into_finalist
 from tests.run_configs import tiny_config
 
 
-def test_the_last_trials_of_the_budget_are_the_best_inherited_trained(tmp_path: Path) -> None:
+@pytest.mark.parametrize("batch", [1, 4])
+def test_the_last_trials_of_the_budget_are_the_best_inherited_trained(
+    tmp_path: Path, batch: int
+) -> None:
+    """Asked and told one by one, or in batches on the leader's copy (4, then the 2 left
+    before the finalists' turn): the same study."""
     url = f"sqlite:///{tmp_path / 'run.db'}"
     config = config_from_dict(
         tiny_config(
@@ -26,6 +31,7 @@ def test_the_last_trials_of_the_budget_are_the_best_inherited_trained(tmp_path: 
             space={"preset": "digits-elastic"},
             training={"sandwich": True, "paths_per_batch": 3},
             objective={"mode": "one-shot", "finalists": 2},
+            distributed={"one_shot_batch": batch},
         )
     )
     run_search(config)
@@ -36,6 +42,9 @@ def test_the_last_trials_of_the_budget_are_the_best_inherited_trained(tmp_path: 
     for t in inherited:
         assert t.user_attrs[_keys.OBJECTIVE_FIDELITY] == "inherited"
         assert t.user_attrs[_keys.OBJECTIVE_STEPS] == 0
+        assert t.params and _keys.OBJECTIVE_ARCH in t.user_attrs
+        assert t.datetime_start is not None and t.datetime_complete is not None
+        assert (_keys.RUN_BATCH_SOURCE in t.system_attrs) == (batch > 1)
     ranked = sorted(
         (t for t in inherited if t.state == optuna.trial.TrialState.COMPLETE),
         key=lambda t: (-t.values[0], t.number),
@@ -53,6 +62,34 @@ def test_the_last_trials_of_the_budget_are_the_best_inherited_trained(tmp_path: 
         assert t.params == study.trials[t.user_attrs[_keys.OBJECTIVE_FINALIST_OF]].params
     chosen = export_choice(study)
     assert chosen is not None and chosen[0].number in (6, 7)
+
+
+def test_batches_without_a_budget_add_trials_until_the_finalists_turn(tmp_path: Path) -> None:
+    """A timeout and no ``n_trials``: batches of candidates become new trials of the study
+    until the finalists' share of the timeout, then the finalists train; nothing is left
+    RUNNING or WAITING, and every batch told is written."""
+    url = f"sqlite:///{tmp_path / 'run.db'}"
+    config = config_from_dict(
+        tiny_config(
+            study={"storage": url, "n_trials": None, "timeout": 12},
+            space={"preset": "digits-elastic"},
+            training={"sandwich": True, "paths_per_batch": 3},
+            objective={"mode": "one-shot", "finalists": 1, "finalists_share": 0.5},
+            distributed={"one_shot_batch": 4},
+        )
+    )
+    run_search(config)
+    study = optuna.load_study(study_name=config.study.name, storage=url)
+    trials = sorted(study.trials, key=lambda t: t.number)
+    assert all(t.state.is_finished() for t in trials)
+    inherited = [t for t in trials if t.user_attrs.get(_keys.OBJECTIVE_FIDELITY) == "inherited"]
+    trained = [t for t in trials if t.user_attrs.get(_keys.OBJECTIVE_FIDELITY) == "trained"]
+    assert len(inherited) >= 4 and len(trained) >= 1
+    # batched until the finalist's turn; after it, one by one (the finalist is not repeated)
+    first = trained[0].number
+    assert all((_keys.RUN_BATCH_SOURCE in t.system_attrs) == (t.number < first) for t in inherited)
+    assert trained[0].user_attrs[_keys.OBJECTIVE_FINALIST_OF] in {t.number for t in inherited}
+    assert len({t.number for t in trials}) == len(trials) == trials[-1].number + 1
 
 
 def _study_with_inherited(values: list[float]) -> optuna.Study:
