@@ -180,7 +180,9 @@ class InheritedBatches:
         frozen = self.local._storage.get_trial(trial._trial_id)
         with self._lock:
             self._told.append(frozen)
-            whole = len(self._told) >= self.size or (self.closed and self._left == 0)
+            held = len(self._told)
+            whole = held >= self.size or (self.closed and self._left == 0)
+        _logger.debug("Candidate %d told on the local copy (%d held).", trial.number, held)
         if whole:
             self.flush()
 

@@ -104,7 +104,19 @@ class GroupLoop:
                 self.queue.close()
 
     def _run(self) -> None:
+        # A one-rank group holding one-shot batches meets a signal between trials too: its
+        # candidates take no optimizer step, so it would otherwise meet it only at the
+        # watchdog's forced exit, which writes nothing held back (a batch not written yet).
+        between = (
+            self.group.comm.Get_size() == 1
+            and self.queue is not None
+            and self.queue.batches is not None
+            and self.hooks.on_step is not None
+        )
         while True:
+            if between:
+                assert self.hooks.on_step is not None
+                self.hooks.on_step()
             message: TrialTask | Stop | None = None
             taken: Taken | None = None
             if self.queue is not None:

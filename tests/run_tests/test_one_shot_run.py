@@ -4,7 +4,11 @@ among those."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+import signal
+import subprocess
+import sys
 
 import optuna
 from optuna.distributions import CategoricalDistribution
@@ -16,6 +20,9 @@ from optuna_hpcnas.config import config_from_dict
 from optuna_hpcnas.run import run_search
 from optuna_hpcnas.run._finalists import turn_into_finalist
 from tests.run_configs import tiny_config
+from tests.run_configs import write_config
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("batch", [1, 4])
@@ -90,6 +97,45 @@ def test_batches_without_a_budget_add_trials_until_the_finalists_turn(tmp_path: 
     assert all((_keys.RUN_BATCH_SOURCE in t.system_attrs) == (t.number < first) for t in inherited)
     assert trained[0].user_attrs[_keys.OBJECTIVE_FINALIST_OF] in {t.number for t in inherited}
     assert len({t.number for t in trials}) == len(trials) == trials[-1].number + 1
+
+
+def test_sigterm_writes_the_candidates_told_before_it(tmp_path: Path) -> None:
+    """SIGTERM while a batch is part told: the run exits 143 with the told candidates written
+    to the study (not held back until a batch fills) and nothing left RUNNING; the budget
+    still adds up."""
+    url = f"sqlite:///{tmp_path / 'sig.db'}"
+    config = write_config(
+        tmp_path / "nas.toml",
+        tiny_config(
+            study={"name": "sig", "storage": url, "n_trials": 300},
+            space={"preset": "digits-elastic"},
+            training={"sandwich": True, "paths_per_batch": 3},
+            objective={"mode": "one-shot", "finalists": 2},
+            distributed={"one_shot_batch": 200},
+        ),
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "optuna_hpcnas", "-vv", "run", "--config", str(config),
+         "--no-progress"],
+        cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert proc.stderr is not None
+    told = 0
+    for line in proc.stderr:  # the local copy's tells
+        told += "told on the local copy" in line
+        if told == 3:
+            break
+    assert told == 3
+    os.kill(proc.pid, signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err[-2000:]
+    study = optuna.load_study(study_name="sig", storage=url)
+    states = [t.state for t in study.get_trials()]
+    assert states.count(optuna.trial.TrialState.RUNNING) == 0
+    complete = states.count(optuna.trial.TrialState.COMPLETE)
+    assert 3 <= complete < 200  # written at the signal, not with a whole batch
+    assert len(states) == 300
 
 
 def _study_with_inherited(values: list[float]) -> optuna.Study:
