@@ -141,6 +141,8 @@ class PreemptionGuard:
         peers: The other ranks of an MPI job: a signal one rank got is passed on at each
             :meth:`check`, every group leader gives back its trial, and a rank exits once
             the leaders it waits for did (at most ``deadline / 2`` seconds).
+        before_exit: Called by the watchdog before it ends the process (from its thread):
+            writes what must not be lost, e.g. results held back to be written together.
 
     Examples:
         .. code-block:: python
@@ -166,6 +168,7 @@ class PreemptionGuard:
         max_retry: int | None = 3,
         requeue: Callable[[optuna.Trial, str], object] | None = None,
         peers: Peers | None = None,
+        before_exit: Callable[[], object] | None = None,
     ) -> None:
         if checkpoint is not None and not callable(checkpoint):
             raise TypeError(f"`checkpoint` is {checkpoint!r}, but must be callable or None.")
@@ -186,6 +189,7 @@ class PreemptionGuard:
         self._max_retry = max_retry
         self._requeue = requeue
         self._peers = peers
+        self._before_exit = before_exit
         self._previous: dict[signal.Signals, Any] = {}
         self._received: signal.Signals | None = None
         self._trial: optuna.Trial | None = None
@@ -202,6 +206,7 @@ class PreemptionGuard:
         requeue: Callable[[optuna.Trial, str], object] | None = None,
         peers: Peers | None = None,
         signals: Sequence[str | int] = ("SIGTERM", "SIGUSR1"),
+        before_exit: Callable[[], object] | None = None,
     ) -> PreemptionGuard:
         """The guard of ``[checkpoints]`` (its deadline and retries); arguments as the
         constructor's."""
@@ -212,6 +217,7 @@ class PreemptionGuard:
             max_retry=config.max_retry,
             requeue=requeue,
             peers=peers,
+            before_exit=before_exit,
         )
 
     @property
@@ -327,6 +333,11 @@ class PreemptionGuard:
                 self._retry_trial()
             except Exception:
                 _logger.exception("Could not queue the trial for retry.")
+            if self._before_exit is not None:
+                try:
+                    self._before_exit()
+                except Exception:
+                    _logger.exception("Could not write what was held back.")
             self._handled.set()
         logging.shutdown()
         os._exit(128 + int(self._received))

@@ -12,6 +12,7 @@ It only wires parts that live elsewhere::
 
 from __future__ import annotations
 
+from collections.abc import Callable
 import contextlib
 import logging
 import threading
@@ -174,7 +175,11 @@ def _run(
         averager = _averager(config, group, objective, tracker)
         batch = objective.core.batch_size  # "auto" resolved for the data
         engine = GroupEngine(group, config.distributed, device, batch_size=batch)
-        guard = _guard(config, comm, group, calls, checkpoints)
+        batches = queue.batches if queue is not None else None
+        guard = _guard(
+            config, comm, group, calls, checkpoints,
+            before_exit=batches.flush if batches is not None else None,
+        )  # fmt: skip
     except BaseException:  # the prefetched trial goes back, its keep-alive stops
         if queue is not None:
             queue.close()
@@ -299,10 +304,13 @@ def _guard(
     group: EvaluationGroup,
     calls: StudyCalls | None,
     checkpoints: SupernetCheckpoints | None,
+    *,
+    before_exit: Callable[[], object] | None = None,
 ) -> PreemptionGuard:
     """SIGINT (Ctrl-C), SIGTERM, SIGUSR1: checkpoint, fail the leader's running trial and
     queue its retry; on several ranks, a signal one rank got stops every group (collective:
-    every rank)."""
+    every rank). ``before_exit``: what the watchdog writes before a forced exit (the
+    leader's one-shot batch told and not written)."""
     from optuna_hpcnas.checkpoints import PreemptionGuard
 
     peers = None
@@ -318,6 +326,7 @@ def _guard(
         requeue=requeue,
         peers=peers,
         signals=("SIGINT", "SIGTERM", "SIGUSR1"),
+        before_exit=before_exit,
     )
 
 

@@ -166,7 +166,10 @@ def stuck(args: argparse.Namespace) -> None:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     config = CheckpointConfig(heartbeat_interval=1, grace_period=2, exit_deadline=args.deadline)
     study = optuna.create_study(study_name="faults", storage=heartbeat_storage(args.url, config))
-    with PreemptionGuard.from_config(config) as guard:
+    held = Path(args.marker).with_suffix(".held")  # what before_exit writes
+    with PreemptionGuard.from_config(
+        config, before_exit=lambda: held.write_text("written")
+    ) as guard:
 
         def objective(trial: optuna.Trial) -> float:
             trial.suggest_int("x", 0, 100)

@@ -128,6 +128,7 @@ def test_sigterm_watchdog_exits_when_the_loop_is_stuck(sqlite_url: str, tmp_path
     assert study.trials[0].system_attrs[_keys.CHECKPOINT_PREEMPTED] == "SIGTERM"
     assert [t.system_attrs.get("failed_trial") for t in study.trials[1:]] == [0]
     assert study.trials[1].state == TrialState.WAITING
+    assert marker.with_suffix(".held").read_text() == "written"  # before_exit ran first
 
 
 def test_guard_restores_handlers_and_validates() -> None:
