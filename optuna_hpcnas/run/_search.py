@@ -12,7 +12,6 @@ It only wires parts that live elsewhere::
 
 from __future__ import annotations
 
-from collections.abc import Callable
 import contextlib
 import logging
 import threading
@@ -175,11 +174,7 @@ def _run(
         averager = _averager(config, group, objective, tracker)
         batch = objective.core.batch_size  # "auto" resolved for the data
         engine = GroupEngine(group, config.distributed, device, batch_size=batch)
-        batches = queue.batches if queue is not None else None
-        guard = _guard(
-            config, comm, group, calls, checkpoints,
-            before_exit=batches.flush if batches is not None else None,
-        )  # fmt: skip
+        guard = _guard(config, comm, group, calls, checkpoints, queue)
     except BaseException:  # the prefetched trial goes back, its keep-alive stops
         if queue is not None:
             queue.close()
@@ -304,13 +299,11 @@ def _guard(
     group: EvaluationGroup,
     calls: StudyCalls | None,
     checkpoints: SupernetCheckpoints | None,
-    *,
-    before_exit: Callable[[], object] | None = None,
+    queue: LeaderQueue | None,
 ) -> PreemptionGuard:
     """SIGINT (Ctrl-C), SIGTERM, SIGUSR1: checkpoint, fail the leader's running trial and
     queue its retry; on several ranks, a signal one rank got stops every group (collective:
-    every rank). ``before_exit``: what the watchdog writes before a forced exit (the
-    leader's one-shot batch told and not written)."""
+    every rank). A forced exit writes the leader's one-shot batch told and not written."""
     from optuna_hpcnas.checkpoints import PreemptionGuard
 
     peers = None
@@ -320,13 +313,14 @@ def _guard(
         peers = JobStop(comm, group)
     save = checkpoints.save if checkpoints is not None else None
     requeue = calls.requeue if calls is not None else None
+    batches = queue.batches if queue is not None else None
     return PreemptionGuard.from_config(
         config.checkpoints,
         checkpoint=save,
         requeue=requeue,
         peers=peers,
         signals=("SIGINT", "SIGTERM", "SIGUSR1"),
-        before_exit=before_exit,
+        before_exit=batches.flush if batches is not None else None,
     )
 
 
