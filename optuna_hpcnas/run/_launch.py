@@ -242,7 +242,14 @@ def _observe(
         from optuna_hpcnas.metrics import serve_metrics
 
         metrics = SearchMetrics()
-        server = serve_metrics(metrics, port=config.metrics.port, host=config.metrics.host)
+        host, port = config.metrics.host, config.metrics.port
+        try:
+            server = serve_metrics(metrics, port=port, host=host)
+        except OSError as e:  # the port taken, the host not this machine's
+            raise LaunchError(
+                f"[metrics] cannot serve on {host}:{port}: {e.strerror or e}; choose another "
+                "port (0 picks a free one)"
+            ) from None
         stack.callback(server.close)
     if metrics is not None or show:
         from optuna_hpcnas.run._progress import ProgressReporter

@@ -32,6 +32,18 @@ def _config_text(*, storage: str, n_trials: int, port: int, refresh: float) -> s
     )
 
 
+def _serves_or_exits(proc: subprocess.Popen[str], port: int) -> bool:
+    """Whether ``proc`` serves metrics on ``port`` before it exits (within 240 s)."""
+    deadline = time.monotonic() + 240
+    while proc.poll() is None and time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5):
+                return True
+        except OSError:
+            time.sleep(0.1)
+    return proc.poll() is None
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -46,18 +58,41 @@ def _hpcnas(*args: str, cwd: Path) -> subprocess.Popen[str]:
     )  # fmt: skip
 
 
+def test_a_metrics_port_in_use_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = int(taken.getsockname()[1])
+        config = tmp_path / "nas.toml"
+        config.write_text(
+            _config_text(
+                storage=f"sqlite:///{tmp_path / 'nas.db'}", n_trials=1, port=port, refresh=1.0
+            )
+        )
+        proc = _hpcnas("run", "--config", str(config), cwd=tmp_path)
+        _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 2, err
+    assert "Traceback" not in err
+    assert f"hpcnas run: error: [metrics] cannot serve on 127.0.0.1:{port}" in err
+
+
 @pytest.mark.slow
 def test_run_serves_moving_metrics_then_resume_and_status(tmp_path: Path) -> None:
-    port = _free_port()
     config = tmp_path / "nas.toml"
-    config.write_text(
-        # the storage is re-read every 50 ms, far below one trial's time, so successive
-        # scrapes see the search move whatever the machine's speed
-        _config_text(
-            storage=f"sqlite:///{tmp_path / 'nas.db'}", n_trials=5, port=port, refresh=0.05
+    for _ in range(3):  # another test may take the free port before the run binds it
+        port = _free_port()
+        config.write_text(
+            # the storage is re-read every 50 ms, far below one trial's time, so successive
+            # scrapes see the search move whatever the machine's speed
+            _config_text(
+                storage=f"sqlite:///{tmp_path / 'nas.db'}", n_trials=5, port=port, refresh=0.05
+            )
         )
-    )
-    proc = _hpcnas("run", "--config", str(config), cwd=tmp_path)
+        proc = _hpcnas("run", "--config", str(config), cwd=tmp_path)
+        if _serves_or_exits(proc, port):
+            break
+        _, err = proc.communicate()
+        assert "[metrics] cannot serve" in err, err
     completed: list[float] = []
     progress: list[float] = []
     deadline = time.monotonic() + 240
