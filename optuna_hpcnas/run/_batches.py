@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 import logging
+import math
 import threading
 from typing import Any
 from typing import TYPE_CHECKING
@@ -161,11 +162,15 @@ class InheritedBatches:
         self.local.tell(trial, values, state=state)
         self._finished(trial)
 
-    def tell_infeasible(
-        self, trial: optuna.Trial, excess: int, values: list[float], reason: str
-    ) -> None:
+    def tell_infeasible(self, trial: optuna.Trial, excess: int, reason: str) -> None:
         """A layout larger than the group: the rank constraint, the reason and the worst
-        values, on the copy (as ``StudyCalls.tell_infeasible`` tells the study)."""
+        value per direction, on the copy (as ``StudyCalls.tell_infeasible`` tells the
+        study)."""
+        from optuna.study import StudyDirection
+
+        values = [
+            -math.inf if d == StudyDirection.MAXIMIZE else math.inf for d in self.local.directions
+        ]
         if _keys.CLUSTER_RANKS_CONSTRAINT not in trial.constraints:
             trial.set_constraint(_keys.CLUSTER_RANKS_CONSTRAINT, float(excess))
         _records.set_trial_attrs(

@@ -107,16 +107,15 @@ class GroupLoop:
         # A one-rank group holding one-shot batches meets a signal between trials too: its
         # candidates take no optimizer step, so it would otherwise meet it only at the
         # watchdog's forced exit, which writes nothing held back (a batch not written yet).
-        between = (
+        solo_batches = (
             self.group.comm.Get_size() == 1
             and self.queue is not None
             and self.queue.batches is not None
-            and self.hooks.on_step is not None
         )
+        between = self.hooks.on_step if solo_batches else None
         while True:
-            if between:
-                assert self.hooks.on_step is not None
-                self.hooks.on_step()
+            if between is not None:
+                between()
             message: TrialTask | Stop | None = None
             taken: Taken | None = None
             if self.queue is not None:

@@ -52,7 +52,6 @@ if TYPE_CHECKING:
 
 _logger = logging.getLogger(__name__)
 T = TypeVar("T")
-_WORST = {"maximize": -math.inf, "minimize": math.inf}
 
 
 @dataclass(frozen=True)
@@ -213,9 +212,7 @@ class _Asker:
                 self._observe_ask(time.perf_counter() - started)
             excess = arch.cluster.ranks - self._group.size
             if excess > 0:
-                reason = self._infeasible_reason(arch)
-                worst = [_WORST[d] for d in self._config.directions]
-                batches.tell_infeasible(trial, excess, worst, reason)
+                batches.tell_infeasible(trial, excess, self._infeasible_reason(arch))
                 self.infeasible += 1
                 continue
             plan = self._calls.plan().for_trial(trial.user_attrs)
