@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import time
 from typing import TYPE_CHECKING
 
+from optuna_hpcnas.distributed import GroupError
 from optuna_hpcnas.distributed import Stop
 from optuna_hpcnas.distributed import TrialTask
 from optuna_hpcnas.evaluation import TrialPlan
@@ -104,26 +105,24 @@ class GroupLoop:
                 self.queue.close()
 
     def _run(self) -> None:
-        # A one-rank group holding one-shot batches meets a signal between trials too: its
-        # candidates take no optimizer step, so it would otherwise meet it only at the
-        # watchdog's forced exit, which writes nothing held back (a batch not written yet).
-        solo_batches = (
-            self.group.comm.Get_size() == 1
-            and self.queue is not None
-            and self.queue.batches is not None
-        )
-        between = self.hooks.on_step if solo_batches else None
+        # A leader holding one-shot batches meets a signal between trials too: its candidates
+        # take no optimizer step, so it would otherwise meet it only at the watchdog's forced
+        # exit. It checks inside its section: a stop there reaches the group's other ranks at
+        # the share below, and they exit with the leader's status (``_shared``).
+        between = None
+        if self.queue is not None and self.queue.batches is not None:
+            between = self.hooks.on_step
         while True:
-            if between is not None:
-                between()
             message: TrialTask | Stop | None = None
             taken: Taken | None = None
             if self.queue is not None:
                 with self.channel.leader_section("while asking for the next trial"):
+                    if between is not None:
+                        between()
                     taken = self._next(self.queue)
                 message = Stop() if taken is None else self._message(taken)
             with self.tracker.track("idle"):
-                message = self.channel.share(message)
+                message = self._shared(message)
             if isinstance(message, Stop):
                 return
             assert message is not None
@@ -131,6 +130,18 @@ class GroupLoop:
                 self._lead(taken, message)
             else:
                 self._follow(message)
+
+    def _shared(self, message: TrialTask | Stop | None) -> TrialTask | Stop | None:
+        """``channel.share``; the leader's stop on a signal ends this rank as it ends the
+        leader (``Preempted`` with its exit status), not as a group failure."""
+        try:
+            return self.channel.share(message)
+        except GroupError as error:
+            from optuna_hpcnas.checkpoints import Preempted
+
+            if error.error_type != Preempted.__name__:
+                raise
+            raise Preempted(int(error.leader_message)) from None
 
     def _next(self, queue: LeaderQueue) -> Taken | None:
         queue.check()  # an earlier write's error is raised here, in the section

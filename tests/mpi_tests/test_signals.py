@@ -193,3 +193,53 @@ def test_signal_to_rank_0_alone_gives_back_every_group_trial(tmp_path: Path) -> 
     stopped = [t for t in trials if t.system_attrs.get(_keys.CHECKPOINT_PREEMPTED) == "SIGTERM"]
     assert len(stopped) == 2, [(t.number, t.state) for t in trials]
     assert "Another rank of the job received SIGTERM" in output
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_sigterm_between_batched_trials_stops_a_two_rank_group_at_once(tmp_path: Path) -> None:
+    """One group of two ranks scores inherited candidates in one-shot batches (no optimizer
+    step, so no step boundary): SIGTERM to both ranks stops the leader at its next trial, its
+    follower with it, both exit 143 long before the forced exit, and the candidates told so far
+    are written."""
+    url = f"sqlite:///{tmp_path / 'sig.db'}"
+    config = write_config(
+        tmp_path / "nas.toml",
+        tiny_config(
+            study={"name": "sig", "storage": url, "n_trials": 300},
+            space={"preset": "digits-elastic"},
+            training={"sandwich": True, "paths_per_batch": 3},
+            objective={"mode": "one-shot", "finalists": 2},
+            checkpoints={"exit_deadline": 30},  # the longest: the forced exit comes after it
+            distributed={"group_size": 2, "one_shot_batch": 200},
+        ),
+    )
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [mpirun_path(), "-n", "2", sys.executable, "-m", "mpi4py", "-m", "optuna_hpcnas"]
+    proc = subprocess.Popen(
+        [*cmd, "-vv", "run", "--config", str(config), "--no-progress"],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    told, seen = 0, []
+    for line in proc.stdout:  # the leader's tells on its local copy
+        seen.append(line)
+        told += "told on the local copy" in line
+        if told == 3:
+            break
+    assert told == 3, "".join(seen)[-3000:]
+    ranks = _ranks(proc.pid)
+    assert len(ranks) == 2, ranks
+    sent = time.monotonic()
+    for pid in ranks:  # as Slurm does: the signal reaches every task
+        os.kill(pid, signal.SIGTERM)
+    output, _ = proc.communicate(timeout=150)
+    assert time.monotonic() - sent < 30, output[-3000:]
+    assert proc.returncode == 143, output[-3000:]
+    assert "No step boundary" not in output, output[-3000:]  # not the watchdog's forced exit
+    assert "GroupError" not in output and "Traceback" not in output, output[-3000:]
+    study = optuna.load_study(study_name="sig", storage=url)
+    states = [t.state for t in study.get_trials()]
+    assert states.count(TrialState.RUNNING) == 0
+    assert 3 <= states.count(TrialState.COMPLETE) < 200  # written at the signal
+    assert len(states) == 300
