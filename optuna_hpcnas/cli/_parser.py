@@ -35,7 +35,8 @@ def _add_init_args(p: argparse.ArgumentParser) -> None:
         default="digits-small",
         choices=starter_presets(),
         help="the search space and data the starter is written for (default: digits-small, "
-        "scikit-learn's digits; signal-1d: MNIST-1D)",
+        "scikit-learn's digits; signal-1d: MNIST-1D; the -elastic ones search by inherited "
+        "weights, one-shot)",
     )
     p.add_argument("--force", action="store_true", help="overwrite an existing file")
 

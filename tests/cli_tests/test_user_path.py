@@ -120,6 +120,45 @@ def test_the_elastic_starter_is_a_one_shot_search_from_the_fcn_and_a_resnet(
     assert config.enqueued_params() == [published["fcn"], published["resnet"]]
 
 
+def test_the_image_elastic_starter_scores_by_inherited_weights_then_trains_finalists(
+    tmp_path: Path,
+) -> None:
+    """``hpcnas init --preset digits-elastic`` writes a one-shot search that runs as written
+    (its budget, warm-up, stages and export shortened): inherited candidates, then the
+    finalists trained through the stages, and an export."""
+    from optuna_hpcnas import _keys
+    from optuna_hpcnas.cli import starter
+    from optuna_hpcnas.config import load_config
+    from optuna_hpcnas.config import tomllib
+
+    target = tmp_path / "nas.toml"
+    assert main(["init", "--preset", "digits-elastic", "--out", str(target)]) == 0
+    assert target.read_text() == starter("digits-elastic")
+    config = load_config(str(target))
+    assert config.space.preset == "digits-elastic" and config.objective.mode == "one-shot"
+    assert config.training.supernet.sandwich and config.training.supernet.distillation > 0
+    table = tomllib.loads(target.read_text())
+    table["study"]["n_trials"] = 6
+    table["training"]["epochs"] = 1
+    table["objective"]["finalists"] = 2
+    for stage in table["stages"]["stages"]:
+        stage["steps"] = 10
+    table["stages"]["eval_every"] = 10
+    table["export"]["steps"] = 100
+    write_config(target, table)
+    run = _hpcnas("run", "--config", "nas.toml", "--no-progress", cwd=tmp_path)
+    assert run.returncode == 0, run.stderr[-2000:]
+    import optuna
+
+    study = optuna.load_study(study_name="digits-elastic", storage="sqlite:///" + str(
+        tmp_path / "nas.db"))  # fmt: skip
+    fidelity = [t.user_attrs.get(_keys.OBJECTIVE_FIDELITY) for t in study.trials]
+    assert fidelity == ["inherited"] * 4 + ["trained"] * 2, fidelity
+    export = _hpcnas("export", "--config", "nas.toml", "--out", "best", "--no-onnx", cwd=tmp_path)
+    assert export.returncode == 0, export.stderr[-2000:]
+    assert "test accuracy" in export.stdout + export.stderr
+
+
 def test_init_writes_a_starter_that_runs(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
