@@ -179,7 +179,13 @@ def _protocol(results: dict) -> str:
     seeds = result_seeds(results)
     budgets = [r["budget_s"] for r in results.values() if "budget_s" in r]
     minutes = f", {min(budgets) / 60:g} min an arm, peers given (a)'s wall" if budgets else ""
-    return f"{len(seeds)} seed{'s' * (len(seeds) > 1)}{minutes}"
+    fewer = [
+        f"{name} {n}"
+        for name in result_sets(results)
+        if (n := len(result_seeds(results, name))) < len(seeds)
+    ]
+    but = f" ({', '.join(fewer)})" if fewer else ""
+    return f"{len(seeds)} seed{'s' * (len(seeds) > 1)}{but}{minutes}"
 
 
 def _tasks(data: Path) -> str:
