@@ -49,3 +49,21 @@ def write_config(path: Path, data: dict[str, Any]) -> Path:
 
     path.write_text(tomli_w.dumps(data))
     return path
+
+
+def batched_one_shot_config(path: Path, url: str, **sections: dict[str, Any]) -> Path:
+    """A one-shot run of 300 ``digits-elastic`` trials ("sig" on ``url``) whose candidates are
+    told in batches of 200, so that a signal arrives with a batch held: written to ``path``.
+    ``sections`` add keys (``distributed`` merged with the batch size)."""
+    distributed = {"one_shot_batch": 200, **sections.pop("distributed", {})}
+    return write_config(
+        path,
+        tiny_config(
+            study={"name": "sig", "storage": url, "n_trials": 300},
+            space={"preset": "digits-elastic"},
+            training={"sandwich": True, "paths_per_batch": 3},
+            objective={"mode": "one-shot", "finalists": 2},
+            distributed=distributed,
+            **sections,
+        ),
+    )

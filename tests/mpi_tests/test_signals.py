@@ -18,6 +18,7 @@ from optuna_hpcnas import _keys
 from optuna_hpcnas.checkpoints import CheckpointManager
 from optuna_hpcnas.checkpoints import RDBArtifactStore
 from tests.mpi_helpers import mpirun_path
+from tests.run_configs import batched_one_shot_config
 from tests.run_configs import tiny_config
 from tests.run_configs import write_config
 
@@ -203,16 +204,11 @@ def test_sigterm_between_batched_trials_stops_a_two_rank_group_at_once(tmp_path:
     follower with it, both exit 143 long before the forced exit, and the candidates told so far
     are written."""
     url = f"sqlite:///{tmp_path / 'sig.db'}"
-    config = write_config(
+    config = batched_one_shot_config(
         tmp_path / "nas.toml",
-        tiny_config(
-            study={"name": "sig", "storage": url, "n_trials": 300},
-            space={"preset": "digits-elastic"},
-            training={"sandwich": True, "paths_per_batch": 3},
-            objective={"mode": "one-shot", "finalists": 2},
-            checkpoints={"exit_deadline": 30},  # the longest: the forced exit comes after it
-            distributed={"group_size": 2, "one_shot_batch": 200},
-        ),
+        url,
+        checkpoints={"exit_deadline": 30},  # the longest: the forced exit comes after it
+        distributed={"group_size": 2},
     )
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     cmd = [mpirun_path(), "-n", "2", sys.executable, "-m", "mpi4py", "-m", "optuna_hpcnas"]

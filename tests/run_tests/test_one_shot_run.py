@@ -19,8 +19,8 @@ from optuna_hpcnas._summary import export_choice
 from optuna_hpcnas.config import config_from_dict
 from optuna_hpcnas.run import run_search
 from optuna_hpcnas.run._finalists import turn_into_finalist
+from tests.run_configs import batched_one_shot_config
 from tests.run_configs import tiny_config
-from tests.run_configs import write_config
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -104,16 +104,7 @@ def test_sigterm_writes_the_candidates_told_before_it(tmp_path: Path) -> None:
     to the study (not held back until a batch fills) and nothing left RUNNING; the budget
     still adds up."""
     url = f"sqlite:///{tmp_path / 'sig.db'}"
-    config = write_config(
-        tmp_path / "nas.toml",
-        tiny_config(
-            study={"name": "sig", "storage": url, "n_trials": 300},
-            space={"preset": "digits-elastic"},
-            training={"sandwich": True, "paths_per_batch": 3},
-            objective={"mode": "one-shot", "finalists": 2},
-            distributed={"one_shot_batch": 200},
-        ),
-    )
+    config = batched_one_shot_config(tmp_path / "nas.toml", url)
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(
         [sys.executable, "-m", "optuna_hpcnas", "-vv", "run", "--config", str(config),
