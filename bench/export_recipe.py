@@ -1,14 +1,16 @@
-"""Does the export recipe converge? The ``signal-1d`` starter's ``[export]`` on each data set.
+"""Does the export recipe converge? A signal starter's ``[export]`` on each data set.
 
-Trains the FCN baseline of the space (``reference_models("signal-1d")["fcn"]``) with the
-starter's export recipe (Adam, cosine, ``steps`` steps, batch and learning rate following the
-data) on train + validation, as ``hpcnas export`` does, and records the smoothed training
+Trains the FCN baseline of the starter's space (``reference_models(preset)["fcn"]``) with
+the starter's export recipe (Adam, cosine, ``steps`` steps, batch and learning rate following
+the data) on train + validation, as ``hpcnas export`` does, and records the smoothed training
 loss and the test accuracy every tenth of the budget, for each seed. Prints a table and draws
 the curves (``--plot``, the figure in docs/signals.md). A recipe that converges has a flat
-loss and test accuracy over its last tenths.
+loss and test accuracy over its last tenths. ``--max-batch-sizes 16 64`` runs the recipe
+once per cap on the batch, in the same run (the starter's cap and the one it replaced).
 
     python bench/export_recipe.py [--sets GunPoint ItalyPowerDemand BasicMotions mnist1d]
-        [--seeds 0 1 2] [--steps 2000] [--plot docs/images/export_recipe.png]
+        [--seeds 0 1 2] [--preset signal-1d] [--steps S] [--max-batch-sizes 16 64]
+        [--plot docs/images/export_recipe.png]
         [--fixed-lr 1e-2]   # one rate at every batch size instead of the square-root rule
 """
 
@@ -25,7 +27,9 @@ import numpy as np
 SETS = ("GunPoint", "ItalyPowerDemand", "BasicMotions", "mnist1d")
 
 
-def curve(name: str, seed: int, steps: int, fixed_lr: float | None) -> dict[str, Any]:
+def curve(
+    name: str, seed: int, preset: str, steps: int | None, cap: int | None, fixed_lr: float | None
+) -> dict[str, Any]:
     from optuna_hpcnas.cli import starter
     from optuna_hpcnas.config import DataConfig
     from optuna_hpcnas.config import tomllib
@@ -42,21 +46,20 @@ def curve(name: str, seed: int, steps: int, fixed_lr: float | None) -> dict[str,
 
     table = {"name": "mnist1d"} if name == "mnist1d" else {"name": "aeon", "dataset": name}
     data = DataConfig(**table, seed=seed).load()
-    space = fit_to_input(HierarchicalSearchSpace.preset("signal-1d"), data.input_shape).space
-    arch = space.from_params(reference_models("signal-1d")["fcn"])
+    space = fit_to_input(HierarchicalSearchSpace.preset(preset), data.input_shape).space
+    arch = space.from_params(reference_models(preset)["fcn"])
     net = SuperNet(space, input_shape=data.input_shape, num_classes=data.num_classes, seed=seed)
     model = net.subnet(arch)
-    export = tomllib.loads(starter("signal-1d"))["export"]
+    export = tomllib.loads(starter(preset))["export"]
+    export.update({"steps": steps} if steps else {}, **({"max_batch_size": cap} if cap else {}))
+    samples = len(joined(data.train, data.valid))  # type: ignore[arg-type]
     if fixed_lr is not None:  # the same batch, the rate and steps not scaled with it
-        samples = len(joined(data.train, data.valid))  # type: ignore[arg-type]
-        export.update(lr=fixed_lr, batch_size=resolve_batch_size("auto", samples))
-    recipe = ScratchTrainingConfig(
-        **{**export, "steps": steps, "seed": seed, "latency_repeats": 0}
-    )
+        largest = export.get("max_batch_size", 64)
+        export.update(lr=fixed_lr, batch_size=resolve_batch_size("auto", samples, largest=largest))
+    recipe = ScratchTrainingConfig(**{**export, "seed": seed, "latency_repeats": 0})
     losses: list[float] = []
     tests: dict[int, float] = {}
-    samples = len(joined(data.train, data.valid))  # type: ignore[arg-type]
-    batch = resolve_batch_size(recipe.batch_size, samples)
+    batch = resolve_batch_size(recipe.batch_size, samples, largest=recipe.max_batch_size)
     taken = round(recipe.steps / lr_scale(recipe.batch_size, batch))  # what train_model takes
     tenth = max(1, taken // 10)
 
@@ -71,6 +74,7 @@ def curve(name: str, seed: int, steps: int, fixed_lr: float | None) -> dict[str,
     return {
         "set": name,
         "seed": seed,
+        "cap": recipe.max_batch_size,
         "batch": result["batch_size"],
         "seconds": time.perf_counter() - started,
         "test": result["test_accuracy"],
@@ -80,7 +84,7 @@ def curve(name: str, seed: int, steps: int, fixed_lr: float | None) -> dict[str,
     }
 
 
-def _plot(rows: list[dict[str, Any]], path: Path) -> None:
+def _plot(rows: list[dict[str, Any]], path: Path, preset: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -88,15 +92,19 @@ def _plot(rows: list[dict[str, Any]], path: Path) -> None:
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.6))
     colours = dict(zip(SETS, ("C0", "C1", "C2", "C3")))
+    first_cap = rows[0]["cap"]
     for row in rows:
         x = np.arange(1, len(row["loss"]) + 1) * 10
-        label = row["set"] if row["seed"] == rows[0]["seed"] else None
-        left.plot(x, row["loss"], color=colours[row["set"]], alpha=0.7, label=label)
-        right.plot(x, row["tests"], color=colours[row["set"]], alpha=0.7, label=label)
+        first = row["seed"] == rows[0]["seed"]
+        label = f"{row['set']} (batch {row['batch']})" if first else None
+        style = {"color": colours[row["set"]], "alpha": 0.7, "label": label}
+        style["linestyle"] = "-" if row["cap"] == first_cap else "--"
+        left.plot(x, row["loss"], **style)
+        right.plot(x, row["tests"], **style)
     left.set(yscale="log", xlabel="% of the export's steps", ylabel="training loss")
     right.set(xlabel="% of the export's steps", ylabel="test accuracy", ylim=(0.5, 1.01))
     left.legend()
-    fig.suptitle("FCN with the signal-1d export recipe (one line per seed)")
+    fig.suptitle(f"FCN with the {preset} export recipe (one line per seed)")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
@@ -106,7 +114,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sets", nargs="+", default=list(SETS), choices=SETS)
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    parser.add_argument("--steps", type=int, default=2000)
+    parser.add_argument("--preset", default="signal-1d", choices=["signal-1d", "signal-elastic"])
+    parser.add_argument("--steps", type=int, default=None, help="default: the starter's")
+    parser.add_argument(
+        "--max-batch-sizes",
+        nargs="+",
+        type=int,
+        default=[0],
+        help="caps on the auto batch to compare (default: the starter's)",
+    )
     parser.add_argument("--plot", default=None, help="PNG of the curves")
     parser.add_argument(
         "--fixed-lr",
@@ -120,19 +136,29 @@ def main() -> None:
 
     torch.set_num_threads(1)
     rows = [
-        curve(name, seed, args.steps, args.fixed_lr) for name in args.sets for seed in args.seeds
+        curve(name, seed, args.preset, args.steps, cap or None, args.fixed_lr)
+        for name in args.sets
+        for cap in args.max_batch_sizes
+        for seed in args.seeds
     ]
+    print(f"FCN of {args.preset}, its starter's [export]")
     print("| set | seed | batch | steps | seconds | test accuracy by tenth of the steps | final |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:
         tests = " ".join(f"{t:.3f}" for t in r["tests"])
         print(f"| {r['set']} | {r['seed']} | {r['batch']} | {r['steps']} | {r['seconds']:.0f} | "
               f"{tests} | {r['test']:.4f} |")  # fmt: skip
+    print("\nmean final test accuracy per set and batch:")
+    for name in args.sets:
+        for batch in sorted({r["batch"] for r in rows if r["set"] == name}):
+            tests = [r["test"] for r in rows if r["set"] == name and r["batch"] == batch]
+            print(f"  {name:<17} batch {batch:>3}: {np.mean(tests):.4f} (n={len(tests)})")
     print("\nmean training loss by tenth (the last three should be flat):")
     for r in rows:
-        print(f"  {r['set']:<17} seed {r['seed']}: " + " ".join(f"{v:.4f}" for v in r["loss"]))
+        print(f"  {r['set']:<17} seed {r['seed']} batch {r['batch']}: "
+              + " ".join(f"{v:.4f}" for v in r["loss"]))  # fmt: skip
     if args.plot:
-        _plot(rows, Path(args.plot))
+        _plot(rows, Path(args.plot), args.preset)
         print(f"wrote {args.plot}")
 
 

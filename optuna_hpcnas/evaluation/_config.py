@@ -38,16 +38,21 @@ AUTO = "auto"
 AUTO_BATCH_RANGE = (4, 64)
 
 
-def resolve_batch_size(batch_size: int | str, samples: int) -> int:
+def resolve_batch_size(
+    batch_size: int | str, samples: int, *, largest: int = AUTO_BATCH_RANGE[1]
+) -> int:
     """The batch size a recipe trains ``samples`` examples with: ``"auto"`` is a tenth of
-    them within ``AUTO_BATCH_RANGE``; a given size is kept. Never more than the samples, and
-    at least 2 when there are 2 (BatchNorm needs two values per channel).
+    them within ``AUTO_BATCH_RANGE``, its top lowered to ``largest`` if that is smaller; a
+    given size is kept. Never more than the samples, and at least 2 when there are 2
+    (BatchNorm needs two values per channel).
 
     Examples:
         >>> [resolve_batch_size("auto", n) for n in (3, 40, 160, 3200)]
         [3, 4, 16, 64]
+        >>> resolve_batch_size("auto", 3200, largest=16)
+        16
     """
-    low, high = AUTO_BATCH_RANGE
+    low, high = AUTO_BATCH_RANGE[0], min(AUTO_BATCH_RANGE[1], largest)
     size = min(max(samples // 10, low), high) if batch_size == AUTO else int(batch_size)
     return max(min(size, samples), min(2, samples))
 
@@ -251,6 +256,10 @@ class ScratchTrainingConfig:
         lr: Adam's learning rate at the start of the cosine (with ``batch_size = "auto"``,
             the rate of a batch of 64, scaled by ``lr_scale``).
         batch_size: Samples per step, or ``"auto"`` (``resolve_batch_size``).
+        max_batch_size: The largest batch ``"auto"`` may choose (``AUTO_BATCH_RANGE``'s 64
+            unless lower). The signal starters export at 16, the time-series literature's
+            batch: a final training generalises better on smaller batches, and the rule
+            above keeps the examples' budget and the wall-clock about the same.
         weight_decay: L2 penalty.
         seed: Seed of the initial weights, the data order and dropout.
         latency_repeats: Timed forwards of the latency measurement (``0``: none).
@@ -265,6 +274,7 @@ class ScratchTrainingConfig:
     steps: int = 2000
     lr: float = 4e-3
     batch_size: int | str = AUTO
+    max_batch_size: int = AUTO_BATCH_RANGE[1]
     weight_decay: float = 1e-4
     seed: int = 0
     latency_repeats: int = 20
@@ -277,6 +287,7 @@ class ScratchTrainingConfig:
         check_seed("seed", self.seed)
         check_int("latency_repeats", self.latency_repeats, 0)
         _check_batch_size("batch_size", self.batch_size)
+        check_int("max_batch_size", self.max_batch_size, 2)
         check_number("lr", self.lr)
         check_number("weight_decay", self.weight_decay, positive=False, minimum=0)
         check_number("grad_clip", self.grad_clip, positive=False, minimum=0)

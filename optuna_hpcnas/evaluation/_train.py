@@ -125,7 +125,8 @@ def train_model(
         NonFiniteLossError: A batch's loss was not finite (the message names the step).
     """
     train = data.train if config.holdout else joined(data.train, data.valid)
-    batch_size = resolve_batch_size(config.batch_size, len(train))  # type: ignore[arg-type]
+    samples = len(train)  # type: ignore[arg-type]
+    batch_size = resolve_batch_size(config.batch_size, samples, largest=config.max_batch_size)
     start = time.perf_counter()
     _fit(model, train, config, batch_size, on_step)
     train_seconds = time.perf_counter() - start
@@ -148,7 +149,7 @@ def train_model(
         "train_seconds": train_seconds,
         "steps": round(config.steps / lr_scale(config.batch_size, batch_size)),
         "batch_size": batch_size,
-        "trained_on": len(train),  # type: ignore[arg-type]
+        "trained_on": samples,
     }
 
 

@@ -138,6 +138,24 @@ def test_the_export_recipe_learns_from_train_and_validation(digits: TaskData) ->
     assert result["batch_size"] == 64 and seen == [1, 2, 3]
 
 
+def test_a_capped_auto_batch_trains_longer_at_a_lower_rate(digits: TaskData) -> None:
+    """``max_batch_size`` lowers the auto batch; rate and steps follow it as for small data:
+    a batch of 16 instead of 64 halves the rate and doubles the steps."""
+    lrs: list[float] = []
+    handle = register_optimizer_step_pre_hook(
+        lambda opt, args, kwargs: lrs.append(opt.param_groups[0]["lr"])
+    )
+    try:
+        config = ScratchTrainingConfig(steps=3, lr=4e-3, max_batch_size=16, latency_repeats=0)
+        result = train_model(_LinearTurningNaN(after=10**9), digits, config)
+    finally:
+        handle.remove()
+    assert result["batch_size"] == 16 and result["steps"] == 6 and len(lrs) == 6
+    assert lrs[0] == pytest.approx(2e-3)
+    fixed = ScratchTrainingConfig(steps=3, batch_size=32, max_batch_size=16, latency_repeats=0)
+    assert train_model(_LinearTurningNaN(after=10**9), digits, fixed)["batch_size"] == 32
+
+
 def test_train_model_stops_at_a_non_finite_loss_naming_the_step(digits: TaskData) -> None:
     model = _LinearTurningNaN(after=38)
     with pytest.raises(
@@ -206,6 +224,8 @@ def test_scratch_config_validates() -> None:
         ScratchTrainingConfig(batch_size="big")
     with pytest.raises(ValueError, match="`batch_size` is 1, but must be >= 2"):
         ScratchTrainingConfig(batch_size=1)
+    with pytest.raises(ValueError, match="`max_batch_size` is 1, but must be >= 2"):
+        ScratchTrainingConfig(max_batch_size=1)
     with pytest.raises(ValueError, match="`grad_clip` is -1.0, but must be >= 0"):
         ScratchTrainingConfig(grad_clip=-1.0)
     with pytest.raises(ValueError, match="`grad_clip` is nan"):
