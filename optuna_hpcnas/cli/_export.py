@@ -133,6 +133,19 @@ def _export_recipe(args: argparse.Namespace) -> Any:
     return replace(recipe, steps=args.steps) if args.steps is not None else recipe
 
 
+def _schedule(recipe: Any, data: Any) -> str:
+    """The steps, batch and rate ``train_model`` will use, the auto batch resolved."""
+    from optuna_hpcnas.data import joined
+    from optuna_hpcnas.evaluation import lr_scale
+    from optuna_hpcnas.evaluation import resolve_batch_size
+
+    train = data.train if recipe.holdout else joined(data.train, data.valid)
+    samples = len(train)  # type: ignore[arg-type]
+    batch = resolve_batch_size(recipe.batch_size, samples, largest=recipe.max_batch_size)
+    scale = lr_scale(recipe.batch_size, batch)
+    return f"{round(recipe.steps / scale)} steps of {batch}, Adam lr {recipe.lr * scale:.3g}"
+
+
 def cmd_export(args: argparse.Namespace) -> int:
     from optuna_hpcnas.deploy._export import export_trial
     from optuna_hpcnas.deploy._export import ExportError
@@ -151,8 +164,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     data = _run_data(args, study)
     if mode != "untrained":
         print(
-            f"training trial {trial.number} ({mode}, {recipe.steps} steps, Adam lr "
-            f"{recipe.lr:g}, batch {recipe.batch_size}, on "
+            f"training trial {trial.number} ({mode}, {_schedule(recipe, data)}, on "
             f"{'train' if recipe.holdout else 'train + validation'}): {arch.describe()}",
             flush=True,
         )

@@ -72,6 +72,9 @@ def test_exports_are_trained_unless_asked(
     out = tmp_path / "r"
     args = ["export", "--storage", url, "--out", str(out), "--steps", "100", "--no-onnx"]
     assert main(args) == 0
+    assert "(retrain, 107 steps of 56, Adam lr 0.00374, on train + validation)" in (
+        capsys.readouterr().out
+    )  # the auto batch and the rate and steps that follow it, as trained
     trained = json.loads((out / "architecture.json").read_text())["export"]
     # the study recorded its data set, so --storage alone is enough
     # 100 steps of a batch of 64 are 107 of the auto batch of 56 (560 samples): x sqrt(64 / 56)
