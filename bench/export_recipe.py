@@ -17,6 +17,7 @@ once per cap on the batch, in the same run (the starter's cap and the one it rep
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from pathlib import Path
 import sys
 import time
@@ -33,12 +34,10 @@ def curve(
     from optuna_hpcnas.cli import starter
     from optuna_hpcnas.config import DataConfig
     from optuna_hpcnas.config import tomllib
-    from optuna_hpcnas.data import joined
     from optuna_hpcnas.evaluation import evaluate
-    from optuna_hpcnas.evaluation import lr_scale
-    from optuna_hpcnas.evaluation import resolve_batch_size
     from optuna_hpcnas.evaluation import ScratchTrainingConfig
     from optuna_hpcnas.evaluation import train_model
+    from optuna_hpcnas.evaluation import training_set
     from optuna_hpcnas.search_space import fit_to_input
     from optuna_hpcnas.search_space import HierarchicalSearchSpace
     from optuna_hpcnas.search_space import reference_models
@@ -51,16 +50,17 @@ def curve(
     net = SuperNet(space, input_shape=data.input_shape, num_classes=data.num_classes, seed=seed)
     model = net.subnet(arch)
     export = tomllib.loads(starter(preset))["export"]
-    export.update({"steps": steps} if steps else {}, **({"max_batch_size": cap} if cap else {}))
-    samples = len(joined(data.train, data.valid))  # type: ignore[arg-type]
-    if fixed_lr is not None:  # the same batch, the rate and steps not scaled with it
-        largest = export.get("max_batch_size", 64)
-        export.update(lr=fixed_lr, batch_size=resolve_batch_size("auto", samples, largest=largest))
+    if steps is not None:
+        export["steps"] = steps
+    if cap is not None:
+        export["max_batch_size"] = cap
     recipe = ScratchTrainingConfig(**{**export, "seed": seed, "latency_repeats": 0})
+    samples = len(training_set(data, recipe))
+    if fixed_lr is not None:  # the same batch, the rate and steps not scaled with it
+        recipe = replace(recipe, lr=fixed_lr, batch_size=recipe.schedule(samples).batch_size)
     losses: list[float] = []
     tests: dict[int, float] = {}
-    batch = resolve_batch_size(recipe.batch_size, samples, largest=recipe.max_batch_size)
-    taken = round(recipe.steps / lr_scale(recipe.batch_size, batch))  # what train_model takes
+    taken = recipe.schedule(samples).steps  # what train_model takes
     tenth = max(1, taken // 10)
 
     def on_step(step: int, loss: float) -> None:
@@ -120,7 +120,7 @@ def main() -> None:
         "--max-batch-sizes",
         nargs="+",
         type=int,
-        default=[0],
+        default=None,
         help="caps on the auto batch to compare (default: the starter's)",
     )
     parser.add_argument("--plot", default=None, help="PNG of the curves")
@@ -136,9 +136,9 @@ def main() -> None:
 
     torch.set_num_threads(1)
     rows = [
-        curve(name, seed, args.preset, args.steps, cap or None, args.fixed_lr)
+        curve(name, seed, args.preset, args.steps, cap, args.fixed_lr)
         for name in args.sets
-        for cap in args.max_batch_sizes
+        for cap in args.max_batch_sizes or [None]
         for seed in args.seeds
     ]
     print(f"FCN of {args.preset}, its starter's [export]")

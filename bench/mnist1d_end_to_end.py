@@ -4,7 +4,8 @@
     and ``hpcnas export`` (wall time of each, the best validation value after 10/20/40 trials,
     the exported model's test accuracy);
 (b) Optuna's TPE over the same space with every candidate trained stand-alone on the training
-    split (``--tpe-steps`` steps of the export recipe, by default 10 passes: 500 steps of 64),
+    split (``--tpe-steps`` steps of the export recipe, by default 10 passes at the recipe's
+    batch: 2,000 steps of 16 on MNIST-1D, 1,000 of the recipe's plan in steps of 64),
     scored on the validation split, given the same wall-clock budget as (a), its best
     architecture retrained with the same export recipe (on train + validation, as the export);
 (c) the MNIST-1D paper's CNN (Greydanus 2020: 94 % test) trained with the same recipe.
@@ -101,7 +102,6 @@ def tpe(budget: float, steps: int | None, seed: int, generator_seed: int | None)
     import optuna
 
     from optuna_hpcnas import HierarchicalSearchSpace
-    from optuna_hpcnas.evaluation import resolve_batch_size
     from optuna_hpcnas.evaluation import ScratchTrainingConfig
     from optuna_hpcnas.evaluation import train_model
     from optuna_hpcnas.supernet import SuperNet
@@ -109,9 +109,9 @@ def tpe(budget: float, steps: int | None, seed: int, generator_seed: int | None)
     data = _data(generator_seed)
     space = HierarchicalSearchSpace.preset("signal-1d").fitting(1)
     recipe = _recipe()
-    if steps is None:
-        batch = resolve_batch_size(recipe.batch_size, data.sizes[0])
-        steps = 10 * math.ceil(data.sizes[0] / batch)
+    if steps is None:  # ten passes at the recipe's batch, in steps of its plan (a batch of 64)
+        plan = recipe.schedule(data.sizes[0])
+        steps = round(10 * math.ceil(data.sizes[0] / plan.batch_size) * plan.scale)
     # the validation split scores the candidates: they never train on it
     short = ScratchTrainingConfig(
         **{**_recipe_dict(), "steps": steps, "latency_repeats": 0, "holdout": True}
@@ -195,7 +195,7 @@ def main() -> None:
         type=int,
         default=None,
         help="stand-alone optimisation steps per TPE candidate (default: 10 passes over the "
-        "training split, 500 steps of 64 on MNIST-1D)",
+        "training split at the recipe's batch: 2,000 steps of 16 on MNIST-1D)",
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--skip-peers", action="store_true", help="only (a)")

@@ -135,15 +135,10 @@ def _export_recipe(args: argparse.Namespace) -> Any:
 
 def _schedule(recipe: Any, data: Any) -> str:
     """The steps, batch and rate ``train_model`` will use, the auto batch resolved."""
-    from optuna_hpcnas.data import joined
-    from optuna_hpcnas.evaluation import lr_scale
-    from optuna_hpcnas.evaluation import resolve_batch_size
+    from optuna_hpcnas.evaluation import training_set
 
-    train = data.train if recipe.holdout else joined(data.train, data.valid)
-    samples = len(train)  # type: ignore[arg-type]
-    batch = resolve_batch_size(recipe.batch_size, samples, largest=recipe.max_batch_size)
-    scale = lr_scale(recipe.batch_size, batch)
-    return f"{round(recipe.steps / scale)} steps of {batch}, Adam lr {recipe.lr * scale:.3g}"
+    plan = recipe.schedule(len(training_set(data, recipe)))
+    return f"{plan.steps} steps of {plan.batch_size}, Adam lr {plan.lr:.3g}"
 
 
 def cmd_export(args: argparse.Namespace) -> int:

@@ -13,6 +13,7 @@ from optuna_hpcnas.evaluation._config import lr_scale
 from optuna_hpcnas.evaluation._config import ObjectiveConfig
 from optuna_hpcnas.evaluation._config import resolve_batch_size
 from optuna_hpcnas.evaluation._config import ScratchTrainingConfig
+from optuna_hpcnas.evaluation._config import TrainingSchedule
 from optuna_hpcnas.evaluation._finalists import choose_finalists
 from optuna_hpcnas.evaluation._finalists import enqueue_finalists
 
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
     from optuna_hpcnas.evaluation._train import NonFiniteLossError
     from optuna_hpcnas.evaluation._train import train_from_scratch
     from optuna_hpcnas.evaluation._train import train_model
+    from optuna_hpcnas.evaluation._train import training_set
 
 # Names whose modules import torch, loaded on first use: the torch-free configuration
 # classes above can then be imported (by a run configuration) without torch.
@@ -65,6 +67,7 @@ _LAZY = {
     "NonFiniteLossError": "optuna_hpcnas.evaluation._train",
     "train_from_scratch": "optuna_hpcnas.evaluation._train",
     "train_model": "optuna_hpcnas.evaluation._train",
+    "training_set": "optuna_hpcnas.evaluation._train",
 }
 __getattr__ = lazy_attributes(__name__, _LAZY)
 
@@ -87,6 +90,7 @@ __all__ = [
     "TrialEvaluator",
     "TrialLink",
     "TrialPlan",
+    "TrainingSchedule",
     "count_flops",
     "count_parameters",
     "evaluate",
@@ -97,5 +101,6 @@ __all__ = [
     "resolve_batch_size",
     "train_from_scratch",
     "train_model",
+    "training_set",
     "verdict_needed",
 ]

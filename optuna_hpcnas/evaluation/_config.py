@@ -242,6 +242,17 @@ class ObjectiveConfig:
 
 
 @dataclass(frozen=True)
+class TrainingSchedule:
+    """What a recipe trains a data set with (``ScratchTrainingConfig.schedule``): its batch,
+    the ``lr_scale`` of that batch, and the steps and starting rate scaled by it."""
+
+    batch_size: int
+    scale: float
+    steps: int
+    lr: float
+
+
+@dataclass(frozen=True)
 class ScratchTrainingConfig:
     """Options of ``train_from_scratch`` and ``train_model`` (a TOML table maps onto it as
     ``Cls(**table)``; ``[export]`` is this class).
@@ -258,8 +269,9 @@ class ScratchTrainingConfig:
         batch_size: Samples per step, or ``"auto"`` (``resolve_batch_size``).
         max_batch_size: The largest batch ``"auto"`` may choose (``AUTO_BATCH_RANGE``'s 64
             unless lower). The signal starters export at 16, the time-series literature's
-            batch: a final training generalises better on smaller batches, and the rule
-            above keeps the examples' budget and the wall-clock about the same.
+            batch: a final training generalises better on smaller batches. The rule above
+            then halves the rate and doubles the steps, half the examples of the budget at
+            64; the starters double their steps to keep the examples (and the wall-clock).
         weight_decay: L2 penalty.
         seed: Seed of the initial weights, the data order and dropout.
         latency_repeats: Timed forwards of the latency measurement (``0``: none).
@@ -293,3 +305,9 @@ class ScratchTrainingConfig:
         check_number("grad_clip", self.grad_clip, positive=False, minimum=0)
         check_choice("precision", self.precision, PRECISIONS)
         check_bool("holdout", self.holdout)
+
+    def schedule(self, samples: int) -> TrainingSchedule:
+        """The batch, steps and starting rate this recipe trains ``samples`` examples with."""
+        batch = resolve_batch_size(self.batch_size, samples, largest=self.max_batch_size)
+        scale = lr_scale(self.batch_size, batch)
+        return TrainingSchedule(batch, scale, round(self.steps / scale), self.lr * scale)

@@ -13,9 +13,8 @@ from optuna_hpcnas.data import iterate_batches
 from optuna_hpcnas.data import joined
 from optuna_hpcnas.data import stream_batches
 from optuna_hpcnas.data import TaskData
-from optuna_hpcnas.evaluation._config import lr_scale
-from optuna_hpcnas.evaluation._config import resolve_batch_size
 from optuna_hpcnas.evaluation._config import ScratchTrainingConfig
+from optuna_hpcnas.evaluation._config import TrainingSchedule
 from optuna_hpcnas.evaluation._measure import count_flops
 from optuna_hpcnas.evaluation._measure import count_parameters
 from optuna_hpcnas.evaluation._measure import device_of
@@ -108,6 +107,12 @@ def train_from_scratch(
     return train_model(model, data, config)
 
 
+def training_set(data: TaskData, config: ScratchTrainingConfig) -> Any:
+    """The split ``train_model`` trains on: the training split, plus the validation split
+    unless ``config.holdout``."""
+    return data.train if config.holdout else joined(data.train, data.valid)
+
+
 def train_model(
     model: nn.Module,
     data: TaskData,
@@ -124,11 +129,11 @@ def train_model(
     Raises:
         NonFiniteLossError: A batch's loss was not finite (the message names the step).
     """
-    train = data.train if config.holdout else joined(data.train, data.valid)
-    samples = len(train)  # type: ignore[arg-type]
-    batch_size = resolve_batch_size(config.batch_size, samples, largest=config.max_batch_size)
+    train = training_set(data, config)
+    samples = len(train)
+    schedule = config.schedule(samples)
     start = time.perf_counter()
-    _fit(model, train, config, batch_size, on_step)
+    _fit(model, train, config, schedule, on_step)
     train_seconds = time.perf_counter() - start
     model.eval()
     valid_accuracy, valid_loss = evaluate(model, data.valid)
@@ -147,8 +152,8 @@ def train_model(
         "params": count_parameters(model),
         "latency_s": latency,
         "train_seconds": train_seconds,
-        "steps": round(config.steps / lr_scale(config.batch_size, batch_size)),
-        "batch_size": batch_size,
+        "steps": schedule.steps,
+        "batch_size": schedule.batch_size,
         "trained_on": samples,
     }
 
@@ -157,10 +162,10 @@ def _fit(
     model: nn.Module,
     train: Any,
     config: ScratchTrainingConfig,
-    batch_size: int,
+    schedule: TrainingSchedule,
     on_step: Any,
 ) -> None:
-    """``config.steps`` steps of the supernet's ``train_step`` (one plain path, ``config``'s
+    """``schedule.steps`` steps of the supernet's ``train_step`` (one plain path, ``config``'s
     precision and clipping) on shuffled batches, at the step's ``cosine_lr``; on the model's
     device, torch's global RNG untouched."""
     generator = torch.Generator().manual_seed(config.seed)
@@ -170,14 +175,12 @@ def _fit(
         raise ValueError("`precision` is 'fp16', which needs a GPU; use 'bf16' on a CPU.")
     scaler = torch.amp.GradScaler("cuda") if precision == Precision.FP16 else None
     model.train()
-    scale = lr_scale(config.batch_size, batch_size)
-    lr = config.lr * scale
+    lr, steps = schedule.lr, schedule.steps
     optimizer = torch_optimizer(
         "adam", model.parameters(), lr=lr, momentum=0.0, weight_decay=config.weight_decay
     )
-    steps = round(config.steps / scale)
     total = max(steps, 1)
-    batches = stream_batches(train, batch_size, generator=generator)
+    batches = stream_batches(train, schedule.batch_size, generator=generator)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(config.seed)  # dropout and the like draw from it
         for step, (x, y) in zip(range(steps), batches):
