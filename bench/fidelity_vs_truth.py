@@ -5,7 +5,10 @@ One run trains one supernet on the table's space (``--set field=value`` adds any
 ``SupernetTrainingConfig`` field: ``sandwich``, ``distillation``, ``progressive_epochs``,
 ``few_shot``, ``bn_recalibration_batches``) and scores every architecture of the table:
 inherited (BatchNorm recalibrated, no fine-tuning), after a quick stage and after a medium stage
-of fine-tuning (``--quick-passes``, ``--medium-passes``; ``--inherited-only`` skips them). Each
+of fine-tuning (``--quick-passes``, ``--medium-passes``; ``--inherited-only`` skips them).
+``--recalibration-batches 1 2 4`` scores the same trained supernet once more per count of
+recalibration batches (one result row each, inherited only): the speed of one-shot scoring
+against its fidelity, the supernet's training left out of the comparison. Each
 score is the validation log-loss; Kendall tau against the table's mean over seeds, overall and
 within the table's top 10 %, beside the noise ceiling (two disjoint halves of the seeds).
 Every architecture the table will hold is scored (``ground_truth.architectures``), so a run
@@ -20,6 +23,7 @@ far is printed against the table as it is.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -43,8 +47,9 @@ from ground_truth import TASKS
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def score(args: argparse.Namespace, options: dict[str, Any]) -> dict[str, Any]:
-    """Train the supernet and score every architecture of the table; one result row."""
+def score(args: argparse.Namespace, options: dict[str, Any]) -> list[dict[str, Any]]:
+    """Train the supernet and score every architecture of the table: one result row, and one
+    more per count of ``--recalibration-batches`` (inherited scores only)."""
     from _supernet_common import FineTuning
     from _supernet_common import steps_per_pass
     from _supernet_common import train_supernet
@@ -79,6 +84,40 @@ def score(args: argparse.Namespace, options: dict[str, Any]) -> dict[str, Any]:
         medium = tuning.stage(args.medium_passes * per_pass, args.medium_lr, anneal=True)
         scores["medium"][key] = medium[1]
     scoring_cpu = time.process_time() - cpu
+    rows = [_row(args, options, scores, supernet_cpu, scoring_cpu, inherited_cpu, len(archs))]
+    default = trainer.config
+    for batches in args.recalibration_batches:
+        trainer.config = dataclasses.replace(default, bn_recalibration_batches=batches)
+        cpu = time.process_time()
+        inherited = {
+            arch.to_json(): evaluate(trainer.calibrated_subnet(arch, data.train), data.valid)[1]
+            for arch in archs
+        }
+        spent = time.process_time() - cpu
+        rows.append(
+            _row(
+                argparse.Namespace(**{**vars(args), "label": f"{args.label}, BN {batches}"}),
+                {**options, "bn_recalibration_batches": batches},
+                {"inherited": inherited},
+                supernet_cpu,
+                spent,
+                spent,
+                len(archs),
+            )  # fmt: skip
+        )
+    trainer.config = default
+    return rows
+
+
+def _row(
+    args: argparse.Namespace,
+    options: dict[str, Any],
+    scores: dict[str, dict[str, float]],
+    supernet_cpu: float,
+    scoring_cpu: float,
+    inherited_cpu: float,
+    n_archs: int,
+) -> dict[str, Any]:
     return {
         "label": args.label,
         "options": options,
@@ -90,7 +129,7 @@ def score(args: argparse.Namespace, options: dict[str, Any]) -> dict[str, Any]:
         "supernet_cpu_seconds": supernet_cpu,
         "scoring_cpu_seconds": scoring_cpu,
         "inherited_cpu_seconds": inherited_cpu,
-        "per_architecture_ms": 1000 * scoring_cpu / len(archs),
+        "per_architecture_ms": 1000 * scoring_cpu / n_archs,
     }
 
 
@@ -149,6 +188,10 @@ def main() -> None:
     parser.add_argument("--medium-passes", type=int, default=4)
     parser.add_argument("--medium-lr", type=float, default=3e-3)
     parser.add_argument("--inherited-only", action="store_true")
+    parser.add_argument(
+        "--recalibration-batches", type=int, nargs="*", default=[], metavar="N",
+        help="also score the same supernet with N BatchNorm recalibration batches",
+    )  # fmt: skip
     parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE")
     parser.add_argument("--label", default="one-shot")
     parser.add_argument("--table-only", action="store_true", help="print the earlier runs")
@@ -159,10 +202,10 @@ def main() -> None:
     options = {k: parse_value(v) for k, v in (item.split("=", 1) for item in args.set)}
     path = RESULTS / f"fidelity_truth_{args.task}.jsonl"
     if not args.table_only:
-        row = score(args, options)
+        new_rows = score(args, options)
         RESULTS.mkdir(exist_ok=True)
         with path.open("a") as f:
-            f.write(json.dumps(row) + "\n")
+            f.writelines(json.dumps(row) + "\n" for row in new_rows)
     rows_, meta = read_with_shards(args.task, args.data_dir)
     truth = ground_truth(rows_)
     rows = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
