@@ -139,7 +139,8 @@ class ObjectiveConfig:
             (``reference_model``) are exempt.
         precise_batch_norm: Recompute BatchNorm's statistics on up to 512 training samples
             of the fold before every validation (trained on batches of 4, the running
-            averages are noise).
+            averages are noise). A one-shot candidate scored by inherited weights alone is
+            recalibrated on the supernet's ``bn_recalibration_batches`` instead.
         mode: ``"multi-fidelity"``: every candidate is fine-tuned stage by stage (the
             pruner stops the weak); ``"one-shot"``: a candidate is scored by the supernet's
             weights alone (BatchNorm recalibrated, then validated; no fine-tuning), except

@@ -592,13 +592,18 @@ class TrialEvaluator:
     def _prepare(self, arch: Architecture, link: TrialLink) -> _Prepared:
         """Population steps, the calibrated subnet, its costs and inherited score (leader)."""
         self._population_steps(link)
+        # A candidate scored by inherited weights alone is recalibrated as the supernet's
+        # fidelity bench scores it (``[training] bn_recalibration_batches``): more samples
+        # ranked no better there and cost most of a score.
+        inherited_only = self.config.mode == "one-shot" and link.plan.inherited
+        precise = self.config.precise_batch_norm and not inherited_only
         model: nn.Module
-        if self.config.precise_batch_norm:  # ``_validate`` recomputes the statistics anyway
+        if precise:  # ``_validate`` recomputes the statistics anyway
             model = self.trainer.subnet(arch).eval()
         else:
             model = self.trainer.calibrated_subnet(arch, self.data.train)
         costs = self._costs(arch, model, link)
-        costs.update(self._validate([model] * len(self.folds.splits)))
+        costs.update(self._validate([model] * len(self.folds.splits), precise=precise))
         accuracy = costs["accuracy"]
         link.record({_keys.OBJECTIVE_VALIDATION_SAMPLES: self.folds.validation_size})
         link.record({_keys.OBJECTIVE_INHERITED_ACCURACY: accuracy})
@@ -877,13 +882,15 @@ class TrialEvaluator:
             raise _CandidateFault(f"{NON_FINITE} at step {until}")
         return metrics
 
-    def _validate(self, models: list[nn.Module]) -> dict[str, float]:
-        """Accuracy and mean log-loss of each fold's model on its fold, pooled; BatchNorm
-        statistics first recomputed on the fold's training samples (``_precise_batch_norm``)."""
+    def _validate(self, models: list[nn.Module], *, precise: bool = True) -> dict[str, float]:
+        """Accuracy and mean log-loss of each fold's model on its fold, pooled; with
+        ``precise``, BatchNorm statistics first recomputed on the fold's training samples
+        (``_precise_batch_norm``)."""
         correct = loss = 0.0
         n = 0
         for model, (train, valid) in zip(models, self.folds.splits):
-            self._precise_batch_norm(model, train)
+            if precise:
+                self._precise_batch_norm(model, train)
             size = len(valid)  # type: ignore[arg-type]
             accuracy, mean_loss = evaluate(model, valid)
             correct += accuracy * size

@@ -3,6 +3,8 @@ as finalists that go through the stages, and the export choosing among the train
 
 from __future__ import annotations
 
+from typing import Any
+
 from hypothesis import given
 from hypothesis import settings
 from hypothesis import strategies as st
@@ -91,6 +93,44 @@ def test_one_shot_scores_by_inherited_weights_then_finalists_train() -> None:
     # the forwards are timed where latency counts: the trained finalists, not the inherited
     assert all(_keys.OBJECTIVE_LATENCY not in t.user_attrs for t in inherited)
     assert all(t.user_attrs[_keys.OBJECTIVE_LATENCY] > 0 for t in finalists)
+
+
+def test_inherited_scores_recalibrate_on_the_supernets_batches(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An inherited score recomputes BatchNorm on ``bn_recalibration_batches`` training
+    batches (here 1 of 32 samples); a trained candidate's validation on the precise 60."""
+    from optuna_hpcnas.evaluation import _core
+    from optuna_hpcnas.supernet import _training
+
+    seen: list[int] = []
+
+    def counting(model: torch.nn.Module, batches: Any, **kwargs: Any) -> int:
+        listed = list(batches)
+        seen.append(sum(len(x) for x, _ in listed))
+        return real(model, listed, **kwargs)
+
+    real = _training.recalibrate_batch_norm
+    monkeypatch.setattr(_training, "recalibrate_batch_norm", counting)
+    monkeypatch.setattr(_core, "recalibrate_batch_norm", counting)
+    objective = SupernetObjective(
+        SPACE,
+        _task(),
+        training=SupernetTrainingConfig(
+            paths_per_batch=3, batch_size=32, epochs=1, sandwich=True, bn_recalibration_batches=1
+        ),
+        plan=PLAN,
+        config=ObjectiveConfig(latency_repeats=1, batch_size=32, mode="one-shot"),
+        threads=None,
+    )
+    objective.train_supernet()
+    study = optuna.create_study(direction="maximize")
+    study.optimize(objective, n_trials=2)
+    assert seen == [32, 32]
+    seen.clear()
+    enqueue_finalists(study, 1)
+    study.optimize(objective, n_trials=1)
+    assert seen and set(seen) == {60}
 
 
 @pytest.mark.parametrize(
