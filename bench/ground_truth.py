@@ -219,11 +219,25 @@ def build(args: argparse.Namespace) -> None:
             print(f"{k}/{len(todo)} trained, {rate:.1f} s each", flush=True)
 
 
+def unsharded(command: str) -> str:
+    """``command`` without its ``--shard`` / ``--num-shards`` options: the build the merged
+    table is the result of, whichever shard wrote its metadata last."""
+    words = shlex.split(command)
+    kept = [
+        w
+        for i, w in enumerate(words)
+        if w not in ("--shard", "--num-shards")
+        and (i == 0 or words[i - 1] not in ("--shard", "--num-shards"))
+    ]
+    return shlex.join(kept)
+
+
 def merge(args: argparse.Namespace) -> None:
     out = table_path(args.task, args.data_dir)
     shards = sorted(out.parent.glob(f"{out.stem}.shard*.parquet"))
     merged, meta = read_with_shards(args.task, args.data_dir)
     meta["cpu_seconds"] = float(sum(r["cpu_seconds"] for r in merged))
+    meta["command"] = unsharded(meta.get("command", ""))
     write_table(merged, out, {k: v for k, v in meta.items() if k not in ("content_hash", "rows")})
     for path in shards:
         path.unlink()

@@ -136,5 +136,6 @@ def test_a_tiny_build_in_two_shards_resumes_merges_and_reports(tmp_path: Path) -
     assert not list(tmp_path.glob("*.shard*.parquet"))
     rows, meta = gt.read_table(tmp_path / "ground_truth_digits-elastic.parquet")
     assert len(rows) == 6 and meta["passes"] == 1 and meta["cpu_seconds"] > 0
+    assert "--shard" not in meta["command"] and "--archs 3 --seeds 2" in meta["command"]
     assert {r["steps"] for r in rows} == {34}  # one pass of batch 32 over 1,078 images
     assert "6 rows present, 0 to train" in run(*build).stdout
