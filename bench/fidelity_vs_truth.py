@@ -84,7 +84,11 @@ def score(args: argparse.Namespace, options: dict[str, Any]) -> list[dict[str, A
         medium = tuning.stage(args.medium_passes * per_pass, args.medium_lr, anneal=True)
         scores["medium"][key] = medium[1]
     scoring_cpu = time.process_time() - cpu
-    rows = [_row(args, options, scores, supernet_cpu, scoring_cpu, inherited_cpu, len(archs))]
+    rows = [
+        _row(
+            args, args.label, options, scores, supernet_cpu, scoring_cpu, inherited_cpu, len(archs)
+        )
+    ]
     default = trainer.config
     for batches in args.recalibration_batches:
         trainer.config = dataclasses.replace(default, bn_recalibration_batches=batches)
@@ -96,7 +100,8 @@ def score(args: argparse.Namespace, options: dict[str, Any]) -> list[dict[str, A
         spent = time.process_time() - cpu
         rows.append(
             _row(
-                argparse.Namespace(**{**vars(args), "label": f"{args.label}, BN {batches}"}),
+                args,
+                f"{args.label}, BN {batches}",
                 {**options, "bn_recalibration_batches": batches},
                 {"inherited": inherited},
                 supernet_cpu,
@@ -111,6 +116,7 @@ def score(args: argparse.Namespace, options: dict[str, Any]) -> list[dict[str, A
 
 def _row(
     args: argparse.Namespace,
+    label: str,
     options: dict[str, Any],
     scores: dict[str, dict[str, float]],
     supernet_cpu: float,
@@ -119,7 +125,7 @@ def _row(
     n_archs: int,
 ) -> dict[str, Any]:
     return {
-        "label": args.label,
+        "label": label,
         "options": options,
         "supernet_epochs": args.supernet_epochs,
         "paths": args.paths,
