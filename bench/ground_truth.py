@@ -188,9 +188,16 @@ def budget(args: argparse.Namespace) -> None:
     print("passes  top-10% mean valid log-loss")
     for passes, loss in curve:
         print(f"{passes:6d}  {loss:.4f}")
-    print(
-        f"plateau (doubling gains < {args.tolerance:.0%}): {plateau(curve, args.tolerance)} passes"
-    )
+    print(plateau_line(curve, args.tolerance))
+
+
+def plateau_line(curve: Sequence[tuple[int, float]], tolerance: float) -> str:
+    """Where the curve plateaus, or that it has not yet at its largest budget."""
+    chosen = plateau(curve, tolerance)
+    if len(curve) > 1 and chosen == curve[-1][0] and curve[-1][1] < curve[-2][1] * (1 - tolerance):
+        gain = 1 - curve[-1][1] / curve[-2][1]
+        return f"no plateau up to {chosen} passes: the last doubling still gains {gain:.0%}"
+    return f"plateau (doubling gains < {tolerance:.0%}): {chosen} passes"
 
 
 def build(args: argparse.Namespace) -> None:

@@ -111,6 +111,12 @@ def test_the_plateau_is_the_first_budget_whose_doubling_gains_little() -> None:
     assert builder.plateau([(2, 1.0), (4, 0.5), (8, 0.45), (16, 0.449)], 0.02) == 8
     assert builder.plateau([(2, 1.0), (4, 0.5), (8, 0.6)], 0.02) == 4  # overfits past 4
     assert builder.plateau([(2, 1.0), (4, 0.5), (8, 0.25)], 0.02) == 8  # still gaining
+    assert builder.plateau_line([(2, 1.0), (4, 0.5), (8, 0.25)], 0.02).startswith(
+        "no plateau up to 8 passes: the last doubling still gains 50%"
+    )
+    assert "plateau (doubling gains < 2%): 4" in builder.plateau_line(
+        [(2, 1.0), (4, 0.5), (8, 0.6)], 0.02
+    )
     rows = [{"passes": p, "valid_logloss": v} for p in (1, 2) for v in range(10)]
     assert builder.top_curve(rows) == [(1, 0.5), (2, 0.5)]  # the best 2 of 10: 0 and 1
 
