@@ -68,6 +68,8 @@ PRUNERS = ("none", "median", "successive_halving", "hyperband", "staged")
 DIRECTIONS = ("maximize", "minimize")
 DATASETS = ("digits", "mnist1d", "sequence", "npz", "aeon", "image_folder", "cifar10")
 DEVICES = ("auto", "cpu", "cuda")
+UNEQUAL_LENGTHS = ("resize", "pad", "refuse")
+MISSING = ("impute", "refuse")
 DEFAULT_STORAGE = "sqlite:///{name}.db"
 # The most trials one run queues: its budget is a row per trial in the storage, written before
 # the search starts (a billion-trial budget would spend minutes queueing and never search).
@@ -280,6 +282,14 @@ class DataConfig:
         image_size: ``[height, width]`` images are resized to (``image_folder``); default:
             the size of the first image, every other must match.
         max_samples: Use at most this many training samples (``None``: all).
+        unequal_length: ``name = "aeon"``: what becomes of series of unequal length.
+            ``"resize"``: resampled by linear interpolation to the longest training length
+            (aeon's ``Resizer``); ``"pad"``: zeros appended up to it (aeon's ``Padder``;
+            longer test series are cut, ``Truncator``); ``"refuse"``: one-line error. Sets of
+            one length are left as they are.
+        missing: ``name = "aeon"``: what becomes of missing values, before any resizing or
+            padding. ``"impute"``: the mean of their series and channel (aeon's
+            ``SimpleImputer``; 0 for a channel with no value); ``"refuse"``: one-line error.
     """
 
     name: str = "digits"
@@ -294,6 +304,8 @@ class DataConfig:
     normalize: bool = True
     image_size: tuple[int, int] | None = None
     max_samples: int | None = None
+    unequal_length: str = "resize"
+    missing: str = "impute"
 
     def __post_init__(self) -> None:
         check_choice("name", self.name, DATASETS)
@@ -342,6 +354,15 @@ class DataConfig:
                 )
             object.__setattr__(self, "image_size", size)
         check_int("max_samples", self.max_samples, 10, allow_none=True)
+        check_choice("unequal_length", self.unequal_length, UNEQUAL_LENGTHS)
+        check_choice("missing", self.missing, MISSING)
+        defaults = {f.name: f.default for f in fields(self)}
+        for key in ("unequal_length", "missing"):
+            if getattr(self, key) != defaults[key] and self.name != "aeon":
+                raise ValueError(
+                    f"`{key}` is {getattr(self, key)!r}, but only time series read from .ts "
+                    "files (name = 'aeon') take one."
+                )
 
     def to_dict(self) -> dict[str, Any]:
         """The table (for the study's records; ``DataConfig(**d)`` reads it back)."""

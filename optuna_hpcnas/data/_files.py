@@ -74,7 +74,12 @@ def _load(config: Any) -> TaskData:
     elif config.name == "aeon":
         from optuna_hpcnas.data._aeon import aeon_splits
 
-        splits, source = aeon_splits(dataset=config.dataset, path=config.path)
+        splits, source = aeon_splits(
+            dataset=config.dataset,
+            path=config.path,
+            unequal_length=config.unequal_length,
+            missing=config.missing,
+        )
         task = task_from_arrays(
             splits,
             name=config.dataset or Path(source).stem.replace("_TRAIN", ""),
