@@ -8,7 +8,9 @@ inherited (BatchNorm recalibrated, no fine-tuning), after a quick stage and afte
 of fine-tuning (``--quick-passes``, ``--medium-passes``; ``--inherited-only`` skips them).
 ``--recalibration-batches 1 2 4`` scores the same trained supernet once more per count of
 recalibration batches (one result row each, inherited only): the speed of one-shot scoring
-against its fidelity, the supernet's training left out of the comparison. Each
+against its fidelity, the supernet's training left out of the comparison.
+``--score-variants`` ranks the same subnets once more by their error rate and by their
+temperature-scaled log-loss (one row each). Each
 score is the validation log-loss; Kendall tau against the table's mean over seeds, overall and
 within the table's top 10 %, beside the noise ceiling (two disjoint halves of the seeds).
 Every architecture the table will hold is scored (``ground_truth.architectures``), so a run
@@ -99,19 +101,73 @@ def score(args: argparse.Namespace, options: dict[str, Any]) -> list[dict[str, A
         }
         spent = time.process_time() - cpu
         rows.append(
-            _row(
+            _inherited_row(
                 args,
                 f"{args.label}, BN {batches}",
                 {**options, "bn_recalibration_batches": batches},
-                {"inherited": inherited},
+                inherited,
                 supernet_cpu,
                 spent,
-                spent,
-                len(archs),
             )  # fmt: skip
         )
     trainer.config = default
+    if args.score_variants:
+        variants: dict[str, dict[str, float]] = {"accuracy": {}, "calibrated log-loss": {}}
+        cpu = time.process_time()
+        for arch in archs:
+            model = trainer.calibrated_subnet(arch, data.train)
+            errors, calibrated = score_variants(model, data.valid)
+            variants["accuracy"][arch.to_json()] = errors
+            variants["calibrated log-loss"][arch.to_json()] = calibrated
+        spent = time.process_time() - cpu
+        for name, inherited in variants.items():
+            rows.append(
+                _inherited_row(
+                    args,
+                    f"{args.label}, {name}",
+                    {**options, "score": name},
+                    inherited,
+                    supernet_cpu,
+                    spent,
+                )  # fmt: skip
+            )
     return rows
+
+
+def score_variants(model: Any, dataset: Any) -> tuple[float, float]:
+    """Two other inherited scores of one subnet on ``dataset``: its error rate (ties broken by
+    the log-loss, a thousandth of a sample's weight) and its log-loss after temperature
+    scaling (Guo et al. 2017: the one temperature that minimises it), which leaves out how
+    (mis)calibrated the shared weights leave a subnet's confidence."""
+    import torch
+    import torch.nn.functional as F
+
+    from optuna_hpcnas.data import iterate_batches
+
+    model.eval()
+    with torch.no_grad():
+        pairs = [(model(x).float(), y) for x, y in iterate_batches(dataset, 512)]
+    logits = torch.cat([p[0] for p in pairs])
+    labels = torch.cat([p[1] for p in pairs])
+    loss = float(F.cross_entropy(logits, labels))
+    error = float((logits.argmax(1) != labels).float().mean())
+    temperatures = torch.logspace(-1.5, 1.5, 61)
+    calibrated = min(float(F.cross_entropy(logits / t, labels)) for t in temperatures)
+    return error + 1e-3 * loss / len(labels), calibrated
+
+
+def _inherited_row(
+    args: argparse.Namespace,
+    label: str,
+    options: dict[str, Any],
+    inherited: dict[str, float],
+    supernet_cpu: float,
+    spent: float,
+) -> dict[str, Any]:
+    """A row of inherited scores alone, the scoring of every architecture ``spent`` CPU s."""
+    return _row(
+        args, label, options, {"inherited": inherited}, supernet_cpu, spent, spent, len(inherited)
+    )
 
 
 def _row(
@@ -197,6 +253,10 @@ def main() -> None:
     parser.add_argument(
         "--recalibration-batches", type=int, nargs="*", default=[], metavar="N",
         help="also score the same supernet with N BatchNorm recalibration batches",
+    )  # fmt: skip
+    parser.add_argument(
+        "--score-variants", action="store_true",
+        help="also rank by inherited error rate and by temperature-scaled log-loss",
     )  # fmt: skip
     parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE")
     parser.add_argument("--label", default="one-shot")
