@@ -235,10 +235,10 @@ def _tasks(data: Path) -> str:
     )
 
 
-def _tsc_aeon(data: Path) -> str:
+def _tsc_aeon(data: Path, name: str = "tsc_vs_textbook_aeon.json") -> str:
     """The archive's sets against the textbook and Optuna's own: ``bench/tsc_vs_textbook.py``
-    with ``--out bench/data/tsc_vs_textbook_aeon.json``; test accuracy, then wall seconds."""
-    results = json.loads((data / "tsc_vs_textbook_aeon.json").read_text())
+    with ``--out bench/data/<name>``; test accuracy, then wall seconds."""
+    results = json.loads((data / name).read_text())
     sets, seeds = result_sets(results), result_seeds(results)
     return "\n".join(
         [
@@ -263,6 +263,7 @@ FIGURES: dict[str, Callable[[Path], str]] = {
     "samplers-cluster": lambda data: _samplers(data, "sampler_suite_cluster.json", errors=True),
     "tasks": _tasks,
     "tsc-aeon": _tsc_aeon,
+    "tsc-heldout": lambda data: _tsc_aeon(data, "tsc_vs_textbook_heldout.json"),
 }
 
 
