@@ -12,6 +12,7 @@ once per cap on the batch, in the same run (the starter's cap and the one it rep
         [--seeds 0 1 2] [--preset signal-1d] [--steps S] [--max-batch-sizes 16 64]
         [--plot docs/images/export_recipe.png]
         [--fixed-lr 1e-2]   # one rate at every batch size instead of the square-root rule
+        [--model space-no-norm]  # or plain, plain-norm, wang: which FCN (``MODELS``)
 """
 
 from __future__ import annotations
@@ -24,13 +25,77 @@ import time
 from typing import Any
 
 import numpy as np
+import torch
+from torch import nn
 
 SETS = ("GunPoint", "ItalyPowerDemand", "BasicMotions", "mnist1d", "ArrowHead", "OSULeaf", "ACSF1")
 DEFAULT_SETS = SETS[:4]  # the protocol's; the others are held out (bench/tsc_vs_textbook.py)
 
 
+# the FCN trained: the space's (its subnet, as `hpcnas export` builds it), the same without the
+# LayerNorm the sequence head puts before its pooling, a plain PyTorch FCN of the same widths
+# and kernels without and with that norm, and Wang et al.'s own (bench/_textbook.py)
+MODELS = ("space", "space-no-norm", "plain", "plain-norm", "wang")
+
+
+class PlainFCN(nn.Module):
+    """Conv1d-BatchNorm-ReLU layers (same padding), optionally a LayerNorm over the channels
+    of every position, global average pooling, a linear classifier."""
+
+    def __init__(
+        self, channels: int, classes: int, convs: list[tuple[int, int]], *, norm: bool
+    ) -> None:
+        super().__init__()
+        layers: list[nn.Module] = []
+        for width, kernel in convs:
+            layers += [nn.Conv1d(channels, width, kernel, padding="same"), nn.BatchNorm1d(width)]
+            layers.append(nn.ReLU())
+            channels = width
+        self.body = nn.Sequential(*layers)
+        self.norm: nn.Module = nn.LayerNorm(channels) if norm else nn.Identity()
+        self.head = nn.Linear(channels, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (N, L, C)
+        h = self.body(x.transpose(1, 2)).transpose(1, 2)
+        return self.head(self.norm(h).mean(dim=1))
+
+
+class MeanHead(nn.Module):
+    """An exported sequence head's classifier on the plain mean over the positions (the
+    head without its LayerNorm)."""
+
+    def __init__(self, fc: nn.Linear) -> None:
+        super().__init__()
+        self.fc = fc
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x.mean(dim=1))
+
+
+def _model(kind: str, net: Any, arch: Any, data: Any, seed: int) -> nn.Module:
+    if kind.startswith("space"):
+        subnet = net.subnet(arch)
+        if kind == "space":
+            return subnet
+        return nn.Sequential(*list(subnet)[:-1], MeanHead(subnet[-1].fc))
+    torch.manual_seed(seed)
+    channels, classes = data.input_shape[1], data.num_classes
+    if kind == "wang":
+        from _textbook import FCN
+
+        return FCN(channels, classes)
+    convs = [(cell.width, cell.kernel) for cell in arch.cells if cell.op != "identity"]
+    return PlainFCN(channels, classes, convs, norm=kind == "plain-norm")
+
+
 def curve(
-    name: str, seed: int, preset: str, steps: int | None, cap: int | None, fixed_lr: float | None
+    name: str,
+    seed: int,
+    preset: str,
+    steps: int | None,
+    cap: int | None,
+    fixed_lr: float | None,
+    model_kind: str = "space",
 ) -> dict[str, Any]:
     from optuna_hpcnas.cli import starter
     from optuna_hpcnas.config import DataConfig
@@ -49,7 +114,7 @@ def curve(
     space = fit_to_input(HierarchicalSearchSpace.preset(preset), data.input_shape).space
     arch = space.from_params(reference_models(preset)["fcn"])
     net = SuperNet(space, input_shape=data.input_shape, num_classes=data.num_classes, seed=seed)
-    model = net.subnet(arch)
+    model = _model(model_kind, net, arch, data, seed)
     export = tomllib.loads(starter(preset))["export"]
     if steps is not None:
         export["steps"] = steps
@@ -126,23 +191,25 @@ def main() -> None:
     )
     parser.add_argument("--plot", default=None, help="PNG of the curves")
     parser.add_argument(
+        "--model", default="space", choices=MODELS,
+        help="which FCN: the space's, it without its head's LayerNorm, a plain one of its "
+        "widths without / with that norm, or Wang et al.'s",
+    )  # fmt: skip
+    parser.add_argument(
         "--fixed-lr",
         type=float,
         default=None,
         help="this learning rate at every batch size (the rule's alternative)",
     )
     args = parser.parse_args()
-
-    import torch
-
     torch.set_num_threads(1)
     rows = [
-        curve(name, seed, args.preset, args.steps, cap, args.fixed_lr)
+        curve(name, seed, args.preset, args.steps, cap, args.fixed_lr, args.model)
         for name in args.sets
         for cap in args.max_batch_sizes or [None]
         for seed in args.seeds
     ]
-    print(f"FCN of {args.preset}, its starter's [export]")
+    print(f"FCN of {args.preset} ({args.model}), its starter's [export]")
     print("| set | seed | batch | steps | seconds | test accuracy by tenth of the steps | final |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:

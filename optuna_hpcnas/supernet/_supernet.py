@@ -38,6 +38,9 @@ from optuna_hpcnas.supernet._ops import channel_dim
 from optuna_hpcnas.supernet._ops import IMAGE
 from optuna_hpcnas.supernet._ops import SharedOp
 
+# operator families whose residual stream ends in the head's LayerNorm (pre-norm blocks)
+PRE_NORM_FAMILIES = frozenset({"attention", "transformer"})
+
 
 def position_seed(seed: int, position: int, name: str) -> int:
     """The seed of one module: stable across runs, processes and Python versions."""
@@ -281,7 +284,17 @@ class SuperNet(nn.Module):
                 h = op(inp, cell)
                 earlier = torch.cat([to_length(earlier, h.shape[1]), h], dim=dim)
                 widths.append(h.shape[dim])
-        return self._head(arch)(h)
+        head = self._head(arch)
+        if isinstance(head, SharedHead):
+            return head(h, normalize=self.head_normalizes(arch))
+        return head(h)
+
+    def head_normalizes(self, arch: Architecture) -> bool:
+        """Whether ``arch``'s sequence head puts a LayerNorm before its pooling: when the path
+        holds a pre-norm attention or transformer cell (the final norm of its residual
+        stream), not on convolutional, recurrent or pooling paths."""
+        families = {self.space.registry[cell.op].family for cell in arch.cells}
+        return bool(families & PRE_NORM_FAMILIES)
 
     def lengths(self, arch: Architecture) -> list[int]:
         """Positions of the states ``x_0 .. x_n`` of a sequence path (stem output, then each
@@ -345,7 +358,7 @@ class SuperNet(nn.Module):
         if isinstance(head, FlattenHead):
             return head.export(width, self.lengths(arch)[-1])
         assert isinstance(head, SharedHead)
-        return head.export(width)
+        return head.export(width, normalize=self.head_normalizes(arch))
 
     def subnet(self, arch: Architecture) -> nn.Sequential:
         """A standalone ``nn.Sequential`` of ``layers(arch)``: plain PyTorch, own weights."""

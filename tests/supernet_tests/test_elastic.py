@@ -98,12 +98,12 @@ def test_the_fcn_and_a_resnet_are_points_of_the_signal_space() -> None:
     shapes = [tuple(w.shape) for w in _convolutions(supernet.subnet(fcn)) if w is not None]
     assert shapes == [(128, 1, 7), (128, 128, 5), (128, 128, 3)]
     # Wang et al.'s FCN at the space's widths: convolutions without bias (the BatchNorm after
-    # each cancels one), the mean head's LayerNorm, a linear classifier
+    # each cancels one), global average pooling, a linear classifier (no norm before it)
     published = nn.Sequential(
         nn.Conv1d(1, 128, 7, bias=False), nn.BatchNorm1d(128),
         nn.Conv1d(128, 128, 5, bias=False), nn.BatchNorm1d(128),
         nn.Conv1d(128, 128, 3, bias=False), nn.BatchNorm1d(128),
-        nn.LayerNorm(128), nn.Linear(128, 10),
+        nn.Linear(128, 10),
     )  # fmt: skip
     assert _count(supernet.subnet(fcn)) == _count(published)
     kernels = [w.shape[-1] for w in _convolutions(supernet.subnet(resnet)) if w is not None]

@@ -4,6 +4,8 @@ compared with the published PyTorch modules."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -11,6 +13,7 @@ from torch import nn
 
 from optuna_hpcnas import HierarchicalSearchSpace
 from optuna_hpcnas.search_space import Architecture
+from optuna_hpcnas.search_space import CellConfig
 from optuna_hpcnas.search_space import SIGNAL_1D_BASELINES
 from optuna_hpcnas.search_space import SIGNAL_1D_PAPER_MODELS
 from optuna_hpcnas.supernet import SuperNet
@@ -140,7 +143,7 @@ def test_the_fcn_baseline_is_the_published_network_within_the_spaces_widths(
 ) -> None:
     """Wang et al.'s FCN: three same-padded Conv1d + BatchNorm + ReLU layers (kernels 8/5/3,
     capped at the space's 7; widths 128/256/128, capped at 100), global average pooling and a
-    linear classifier; the space's mean head adds a LayerNorm before the pooling."""
+    linear classifier, with no norm before the pooling (a convolutional path)."""
     arch = supernet.space.from_params(SIGNAL_1D_BASELINES["fcn"])
     assert supernet.space.contains(arch)
     sub = supernet.subnet(arch).eval()
@@ -158,8 +161,34 @@ def test_the_fcn_baseline_is_the_published_network_within_the_spaces_widths(
         nn.Conv1d(100, 100, 3, padding=1, bias=False),
         nn.BatchNorm1d(100),
         nn.ReLU(),
-        nn.LayerNorm(100),
         nn.Linear(100, 10),
     )  # no conv bias: the paper's Keras layers carry one, which the BatchNorm after it cancels
     assert _count(sub) == _count(published)
     assert sub(torch.randn(4, 40, 1)).shape == (4, 10)
+
+
+def test_the_head_normalises_after_attention_cells_only(supernet: SuperNet) -> None:
+    """A pre-norm attention or transformer cell ends in the head's LayerNorm; a path of
+    convolutions is pooled as it is, in the supernet and in the exported subnet alike."""
+    fcn = supernet.space.from_params(SIGNAL_1D_BASELINES["fcn"])
+    attention = dataclasses.replace(
+        fcn, cells=(fcn.cells[0], CellConfig(op="attention", heads=2), *fcn.cells[2:])
+    )
+    assert supernet.space.contains(attention)
+    assert not supernet.head_normalizes(fcn) and supernet.head_normalizes(attention)
+    supernet.eval()
+    x = torch.randn(3, 40, 1)
+    for arch, normed in ((fcn, False), (attention, True)):
+        sub = supernet.subnet(arch).eval()
+        assert (sub[-1].norm is not None) == normed
+        torch.testing.assert_close(sub(x), supernet(x, arch), atol=1e-5, rtol=1e-4)
+    # the shared head holds the norm for the paths that use it: moving it moves only those
+    with torch.no_grad():
+        head = supernet._head(fcn)
+        before = (supernet(x, fcn).clone(), supernet(x, attention).clone())
+        head.norm.bias.add_(1.0)
+        try:
+            assert torch.equal(supernet(x, fcn), before[0])
+            assert not torch.allclose(supernet(x, attention), before[1])
+        finally:
+            head.norm.bias.sub_(1.0)  # the fixture is shared
