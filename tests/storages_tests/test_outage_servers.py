@@ -58,7 +58,9 @@ def _check_clean(result: OutageResult, ranks: int) -> None:
     out = result.output
     assert "Traceback" not in out and "MPI_Abort" not in out and "BAD TERMINATION" not in out
     assert "Caught an error from sqlalchemy" not in out, out[-3000:]
-    assert len(result.lines("went away")) == ranks, out[-3000:]
+    # one outage line per leader; on a busy machine a leader may get one more answer while
+    # the server shuts down, and then logs the rest of the outage as a second, its own line
+    assert ranks <= len(result.lines("went away")) <= 2 * ranks, out[-3000:]
 
 
 def _check_ridden_out(result: OutageResult, ranks: int) -> None:
@@ -66,7 +68,7 @@ def _check_ridden_out(result: OutageResult, ranks: int) -> None:
     assert result.exit_status == 0, out
     assert result.outage_s >= 10
     _check_clean(result, ranks)
-    assert len(result.lines("is back after")) == ranks, out
+    assert ranks <= len(result.lines("is back after")) <= 2 * ranks, out
     assert (result.finished, result.left, result.failed, result.duplicated) == (
         N_TRIALS,
         0,
