@@ -137,6 +137,11 @@ def _read(file: Path) -> tuple[Collection, np.ndarray]:
     return [np.asarray(series, dtype=np.float64) for series in x], _labels(y)
 
 
+def _series_with_gaps(x: Collection) -> int:
+    """How many series of ``x`` hold a missing value (NaN)."""
+    return sum(bool(np.isnan(series).any()) for series in x)
+
+
 def _lengths(x: Collection) -> list[int]:
     return [int(series.shape[-1]) for series in x]
 
@@ -150,7 +155,7 @@ def _refuse(file: Path, x: Collection, *, unequal_length: str, missing: str) -> 
             "or resample them: [data] unequal_length = 'resize' or 'pad' (aeon's Resizer or "
             "Padder), or aeon's own equal-length versions, ending in _eq"
         )
-    gaps = sum(bool(np.isnan(series).any()) for series in x) if missing == "refuse" else 0
+    gaps = _series_with_gaps(x) if missing == "refuse" else 0
     if gaps:
         raise DataError(
             f"{file}: {gaps} series have missing values; impute them: [data] missing = "
@@ -161,7 +166,7 @@ def _refuse(file: Path, x: Collection, *, unequal_length: str, missing: str) -> 
 def _impute(xs: dict[str, Collection], *, source: Path) -> dict[str, Collection]:
     """Gaps filled with their series' channel mean (aeon's ``SimpleImputer``); a channel
     with no value at all, which the mean leaves empty, is filled with 0."""
-    gaps = {split: sum(bool(np.isnan(s).any()) for s in x) for split, x in xs.items()}
+    gaps = {split: _series_with_gaps(x) for split, x in xs.items()}
     if not any(gaps.values()):
         return xs
     from aeon.transformations.collection import SimpleImputer
