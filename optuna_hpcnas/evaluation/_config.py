@@ -136,7 +136,8 @@ class ObjectiveConfig:
         folds: Folds of cross-validation.
         max_trial_seconds: Wall-clock seconds one candidate may train; past them it is
             pruned where it is (``None``: no cap). Published models enqueued by name
-            (``reference_model``) are exempt.
+            (``reference_model``) and one-shot finalists stop there too but complete, with
+            their validation value at that step (they are never pruned).
         precise_batch_norm: Recompute BatchNorm's statistics on up to 512 training samples
             of the fold before every validation (trained on batches of 4, the running
             averages are noise). A one-shot candidate scored by inherited weights alone is

@@ -101,9 +101,10 @@ class TrialPlan:
         report: Report every round (single-objective studies; Optuna prunes only those).
         maximize: Direction of the reported value.
         protected: A published model enqueued by name (``reference_model``) or a one-shot
-            finalist: it goes through every stage whatever the pruner, the patience or the
-            time cap say (its stage values still count for the others), so its final value
-            can be compared with the search's pick.
+            finalist: it goes through every stage whatever the pruner or the patience say
+            (its stage values still count for the others), so its final value can be
+            compared with the search's pick; the time cap ends it early but it completes,
+            with its value where it stopped.
         inherited: One-shot mode: the trial is scored with the supernet's weights alone (no
             fine-tuning), unless it is a finalist or a published model.
     """
@@ -746,7 +747,7 @@ class TrialEvaluator:
         ]
         metrics = dict(costs)
         stage_name = None
-        cap = None if plan.protected else self.config.max_trial_seconds
+        cap = self.config.max_trial_seconds
         deadline = None if cap is None else time.perf_counter() + cap
         done = 0
         try:
@@ -761,7 +762,15 @@ class TrialEvaluator:
                 try:
                     result = self._guard(functools.partial(work, deadline if link.solo else None))
                 except _TimeCapped as capped:
-                    return self._time_capped(link, capped.step, plan.total_steps)
+                    if not plan.protected:
+                        return self._time_capped(link, capped.step, plan.total_steps)
+                    settle = functools.partial(self._settle, sessions, models, link, capped.step)
+                    settled = self._guard(settle)
+                    if isinstance(settled, str):
+                        return self._failed(link, settled)
+                    metrics.update(settled)
+                    self._kept_at_cap(link, capped.step, plan.total_steps)
+                    break
                 done = step
                 fault = result if isinstance(result, str) else None
                 value = None
@@ -782,7 +791,10 @@ class TrialEvaluator:
                     link.record({_keys.OBJECTIVE_EARLY_STOPPED: step})
                     break
                 if self._over_time(link, deadline, step, plan.total_steps):
-                    return self._time_capped(link, step, plan.total_steps)
+                    if not plan.protected:
+                        return self._time_capped(link, step, plan.total_steps)
+                    self._kept_at_cap(link, step, plan.total_steps)
+                    break
         finally:
             for session in sessions:
                 if session is not None:
@@ -812,6 +824,39 @@ class TrialEvaluator:
         if deadline is None or step >= total:
             return False
         return bool(link.share(link.is_leader and time.perf_counter() > deadline))
+
+    def _settle(
+        self,
+        sessions: list[EngineSession | None],
+        models: list[nn.Module],
+        link: TrialLink,
+        step: int,
+    ) -> dict[str, float]:
+        """The leader's validation metrics at ``step``, where a round was cut short (a
+        one-rank trial past its deadline)."""
+        for session in sessions:
+            if session is not None:
+                session.synchronise()
+        if not link.is_leader:
+            return {}
+        metrics = self._validate(models)
+        if not math.isfinite(metrics["loss"]):
+            raise _CandidateFault(f"{NON_FINITE} at step {step}")
+        link.record({_keys.OBJECTIVE_STEPS: step, _keys.OBJECTIVE_ACCURACY: metrics["accuracy"]})
+        return metrics
+
+    def _kept_at_cap(self, link: TrialLink, step: int, total: int) -> None:
+        """A protected trial (a published model or a one-shot finalist) past
+        ``max_trial_seconds``: it ends there and completes with its value at that step, so
+        it stays a candidate for export (which retrains it with its own recipe)."""
+        cap = self.config.max_trial_seconds
+        link.record({_keys.OBJECTIVE_TIME_CAPPED: step})
+        if link.is_leader:
+            _logger.info(
+                "Trial %d: time cap of %.0f s reached at step %d of %d; kept with its value "
+                "there (a published model or a finalist is never pruned).",
+                link.number, cap, step, total,
+            )  # fmt: skip
 
     def _time_capped(self, link: TrialLink, step: int, total: int) -> Outcome:
         """A trial stopped by ``max_trial_seconds``: pruned, as a trial that did not reach the

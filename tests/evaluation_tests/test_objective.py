@@ -251,16 +251,32 @@ def test_accuracy_ties_rank_by_log_loss_and_never_above_a_better_accuracy() -> N
 
 def test_a_time_cap_prunes_the_trial_where_it_is() -> None:
     """A trial past ``max_trial_seconds`` did not reach the end of its plan: it is pruned
-    (its value would not compare with those that did), at the step it reached."""
+    (its value would not compare with those that did), at the step it reached. A published
+    model stops there too, but completes with its value at that step: it stays the floor
+    the export may fall back on."""
     objective = _objective_for(_task(), last_stage="full", max_trial_seconds=1e-9)
     study = optuna.create_study(direction="maximize")
-    study.enqueue_trial({}, user_attrs={_keys.OBJECTIVE_REFERENCE: "fcn"})  # exempt
+    study.enqueue_trial({}, user_attrs={_keys.OBJECTIVE_REFERENCE: "fcn"})  # never pruned
     study.optimize(objective, n_trials=2)
     reference, capped = study.trials
     assert reference.state == optuna.trial.TrialState.COMPLETE
-    assert reference.user_attrs["steps"] == 6 and "time_capped" not in reference.user_attrs
+    assert reference.user_attrs["time_capped"] == 1 and reference.user_attrs["steps"] == 1
+    assert 0.0 <= reference.user_attrs["accuracy"] <= 1.0
+    assert reference.value == pytest.approx(
+        objective.core._scalar({"accuracy": reference.user_attrs["accuracy"], "loss": 0.0}),
+        abs=0.5 / objective.core.folds.validation_size,
+    )
     assert capped.state == optuna.trial.TrialState.PRUNED
     assert capped.user_attrs["time_capped"] == 1 and not capped.intermediate_values
+
+
+def test_a_published_model_under_its_cap_runs_every_step() -> None:
+    objective = _objective_for(_task(), last_stage="full", max_trial_seconds=600.0)
+    study = optuna.create_study(direction="maximize")
+    study.enqueue_trial({}, user_attrs={_keys.OBJECTIVE_REFERENCE: "fcn"})
+    study.optimize(objective, n_trials=1)
+    (reference,) = study.trials
+    assert reference.user_attrs["steps"] == 6 and "time_capped" not in reference.user_attrs
 
 
 def test_stage_schedule_is_validated() -> None:
