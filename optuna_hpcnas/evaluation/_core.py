@@ -769,7 +769,7 @@ class TrialEvaluator:
                     if isinstance(settled, str):
                         return self._failed(link, settled)
                     metrics.update(settled)
-                    self._kept_at_cap(link, capped.step, plan.total_steps)
+                    self._kept_at_cap(link, capped.step, plan.total_steps, settled)
                     break
                 done = step
                 fault = result if isinstance(result, str) else None
@@ -832,8 +832,8 @@ class TrialEvaluator:
         link: TrialLink,
         step: int,
     ) -> dict[str, float]:
-        """The leader's validation metrics at ``step``, where a round was cut short (a
-        one-rank trial past its deadline)."""
+        """The leader's validation metrics (pooled over the folds) at ``step``, the end of
+        a round or where the time cap cut one short."""
         for session in sessions:
             if session is not None:
                 session.synchronise()
@@ -842,15 +842,19 @@ class TrialEvaluator:
         metrics = self._validate(models)
         if not math.isfinite(metrics["loss"]):
             raise _CandidateFault(f"{NON_FINITE} at step {step}")
-        link.record({_keys.OBJECTIVE_STEPS: step, _keys.OBJECTIVE_ACCURACY: metrics["accuracy"]})
         return metrics
 
-    def _kept_at_cap(self, link: TrialLink, step: int, total: int) -> None:
+    def _kept_at_cap(
+        self, link: TrialLink, step: int, total: int, settled: Mapping[str, float] | None = None
+    ) -> None:
         """A protected trial (a published model or a one-shot finalist) past
         ``max_trial_seconds``: it ends there and completes with its value at that step, so
         it stays a candidate for export (which retrains it with its own recipe)."""
         cap = self.config.max_trial_seconds
         link.record({_keys.OBJECTIVE_TIME_CAPPED: step})
+        if settled and link.is_leader:  # validated where the cap cut a round short
+            accuracy = settled["accuracy"]
+            link.record({_keys.OBJECTIVE_STEPS: step, _keys.OBJECTIVE_ACCURACY: accuracy})
         if link.is_leader:
             _logger.info(
                 "Trial %d: time cap of %.0f s reached at step %d of %d; kept with its value "
@@ -917,15 +921,7 @@ class TrialEvaluator:
                 on_step()
             if deadline is not None and time.perf_counter() > deadline:
                 raise _TimeCapped(step)
-        for session in sessions:
-            if session is not None:
-                session.synchronise()
-        if not link.is_leader:
-            return {}
-        metrics = self._validate(models)
-        if not math.isfinite(metrics["loss"]):
-            raise _CandidateFault(f"{NON_FINITE} at step {until}")
-        return metrics
+        return self._settle(sessions, models, link, until)
 
     def _validate(self, models: list[nn.Module], *, precise: bool = True) -> dict[str, float]:
         """Accuracy and mean log-loss of each fold's model on its fold, pooled; with
