@@ -173,10 +173,12 @@ def export_choice(study: optuna.Study) -> tuple[FrozenTrial, str | None] | None:
     ``sqrt(2 ln K)`` standard errors above its true value (the Gaussian extreme value), so
     on a few dozen validation samples the search's pick and the published model cannot be
     told apart, and the published model is the one with a record on other data (Breiman's
-    one-standard-error rule, widened by the selection). The standard error is the binomial
-    one of the best trial's accuracy on its ``validation_samples``, at least one sample.
-    Several objectives, or a study without those records: the best trial (the Pareto
-    front's best in the first objective).
+    one-standard-error rule, widened by the selection). Of several published models within
+    the margin (the best among them or not), the first enqueued: the order of ``[study]
+    enqueue`` is the user's order of preference between models the validation cannot tell
+    apart. The standard error is the binomial one of the best trial's accuracy on its
+    ``validation_samples``, at least one sample. Several objectives, or a study without
+    those records: the best trial (the Pareto front's best in the first objective).
     """
     from optuna.study import StudyDirection
 
@@ -198,14 +200,17 @@ def export_choice(study: optuna.Study) -> tuple[FrozenTrial, str | None] | None:
         for t in complete
         if _keys.OBJECTIVE_REFERENCE in t.user_attrs and t.values[0] >= best.values[0] - margin
     ]
-    if not close or best in close:
+    if not close:
         return best, None
-    chosen = max(close, key=lambda t: (t.values[0], -t.number))
+    chosen = min(close, key=lambda t: t.number)  # enqueued in the user's order
+    if chosen is best:
+        return best, None
     name = chosen.user_attrs[_keys.OBJECTIVE_REFERENCE]
+    first = " (the first enqueued of those)" if best in close else ""
     why = (
         f"the published model {name!r} (trial {chosen.number}, {chosen.values[0]:.4f}) is "
         f"within {margin:.3f} of the best trial {best.number} ({best.values[0]:.4f}), the "
         f"best of {len(complete)} on {samples} validation samples: too close to tell them "
-        "apart, exporting the published model"
+        f"apart, exporting the published model{first}"
     )
     return chosen, why

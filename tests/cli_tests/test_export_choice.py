@@ -38,6 +38,28 @@ def test_a_published_model_within_one_standard_error_is_chosen() -> None:
     assert trial.number == 0 and why is not None and "'fcn'" in why and "within 0.050" in why
 
 
+def test_of_published_models_within_the_margin_the_first_enqueued_is_chosen() -> None:
+    """The order of ``[study] enqueue`` decides between published models the validation
+    cannot tell apart, whichever scored higher; one beyond the margin is not chosen."""
+    study = _study(
+        (0.95, _attrs(0.95, 67, reference="fcn")),
+        (0.97, _attrs(0.97, 67, reference="cnn")),
+        (0.90, _attrs(0.90, 67)),
+    )
+    choice = export_choice(study)
+    assert choice is not None
+    trial, why = choice
+    assert trial.number == 0 and "'fcn'" in str(why) and "first enqueued" in str(why)
+    far = _study(
+        (0.80, _attrs(0.80, 67, reference="fcn")),
+        (0.97, _attrs(0.97, 67, reference="cnn")),
+        (0.90, _attrs(0.90, 67)),
+    )
+    assert export_choice(far) == (far.trials[1], None)
+    mine = _study((0.95, _attrs(0.95, 67, reference="fcn")), (0.96, _attrs(0.96, 67)))
+    assert export_choice(mine)[0].number == 0  # type: ignore[index]
+
+
 def test_the_margin_widens_with_the_number_of_candidates() -> None:
     """The best of many noisy estimates is optimistic: 0.975 vs a best of 1.00 on 50 samples
     is within the margin of the best of 20 (0.02 x 2.45), not of the best of 2 (x 1.18)."""

@@ -102,8 +102,8 @@ def test_init_writes_a_starter_for_each_preset(tmp_path: Path) -> None:
     assert config.space.build().domain == "sequence"
     from optuna_hpcnas.search_space import reference_models
 
-    published = reference_models("signal-1d")  # the search starts from the CNN and the FCN
-    assert config.enqueued_params() == [published["cnn"], published["fcn"]]
+    published = reference_models("signal-1d")  # the search starts from the FCN and the CNN
+    assert config.enqueued_params() == [published["fcn"], published["cnn"]]
 
 
 def test_the_elastic_starter_is_a_one_shot_search_from_the_fcn_and_a_resnet(
