@@ -762,24 +762,20 @@ class TrialEvaluator:
                 try:
                     result = self._guard(functools.partial(work, deadline if link.solo else None))
                 except _TimeCapped as capped:
-                    if not plan.protected:
-                        return self._time_capped(link, capped.step, plan.total_steps)
+                    if (pruned := self._time_capped(link, capped.step, plan)) is not None:
+                        return pruned
+                    # a protected trial: validated where the cap cut its round short
                     settle = functools.partial(self._settle, sessions, models, link, capped.step)
                     settled = self._guard(settle)
                     if isinstance(settled, str):
                         return self._failed(link, settled)
-                    metrics.update(settled)
-                    self._kept_at_cap(link, capped.step, plan.total_steps, settled)
+                    self._validated(link, capped.step, settled, metrics)
                     break
                 done = step
                 fault = result if isinstance(result, str) else None
                 value = None
-                if not isinstance(result, str) and link.is_leader:
-                    metrics.update(result)
-                    value = self._scalar(metrics)
-                    link.record(
-                        {_keys.OBJECTIVE_STEPS: step, _keys.OBJECTIVE_ACCURACY: result["accuracy"]}
-                    )
+                if not isinstance(result, str):
+                    value = self._validated(link, step, result, metrics)
                 decision, reason = link.decide(step, value, fault)
                 if decision == Decision.FAIL:
                     return self._failed(link, reason or "failed on another rank")
@@ -791,9 +787,8 @@ class TrialEvaluator:
                     link.record({_keys.OBJECTIVE_EARLY_STOPPED: step})
                     break
                 if self._over_time(link, deadline, step, plan.total_steps):
-                    if not plan.protected:
-                        return self._time_capped(link, step, plan.total_steps)
-                    self._kept_at_cap(link, step, plan.total_steps)
+                    if (pruned := self._time_capped(link, step, plan)) is not None:
+                        return pruned
                     break
         finally:
             for session in sessions:
@@ -844,33 +839,30 @@ class TrialEvaluator:
             raise _CandidateFault(f"{NON_FINITE} at step {step}")
         return metrics
 
-    def _kept_at_cap(
-        self, link: TrialLink, step: int, total: int, settled: Mapping[str, float] | None = None
-    ) -> None:
-        """A protected trial (a published model or a one-shot finalist) past
-        ``max_trial_seconds``: it ends there and completes with its value at that step, so
-        it stays a candidate for export (which retrains it with its own recipe)."""
-        cap = self.config.max_trial_seconds
-        link.record({_keys.OBJECTIVE_TIME_CAPPED: step})
-        if settled and link.is_leader:  # validated where the cap cut a round short
-            accuracy = settled["accuracy"]
-            link.record({_keys.OBJECTIVE_STEPS: step, _keys.OBJECTIVE_ACCURACY: accuracy})
-        if link.is_leader:
-            _logger.info(
-                "Trial %d: time cap of %.0f s reached at step %d of %d; kept with its value "
-                "there (a published model or a finalist is never pruned).",
-                link.number, cap, step, total,
-            )  # fmt: skip
+    def _validated(
+        self, link: TrialLink, step: int, result: Mapping[str, float], metrics: dict[str, float]
+    ) -> float | None:
+        """Record a validation at ``step`` (the leader's ``result``) into ``metrics`` and the
+        trial's attributes; the trial's scalar value there (``None`` off the leader)."""
+        if not link.is_leader:
+            return None
+        metrics.update(result)
+        link.record({_keys.OBJECTIVE_STEPS: step, _keys.OBJECTIVE_ACCURACY: result["accuracy"]})
+        return self._scalar(metrics)
 
-    def _time_capped(self, link: TrialLink, step: int, total: int) -> Outcome:
-        """A trial stopped by ``max_trial_seconds``: pruned, as a trial that did not reach the
-        end of its plan (its value would not compare with the others')."""
+    def _time_capped(self, link: TrialLink, step: int, plan: TrialPlan) -> Outcome | None:
+        """A trial stopped by ``max_trial_seconds`` at ``step``: pruned, as a trial that did
+        not reach the end of its plan (its value would not compare with the others'), unless
+        it is protected (a published model or a one-shot finalist, never pruned): then
+        ``None``, and it completes with its value there, a candidate for export still (which
+        retrains it with its own recipe)."""
         cap = self.config.max_trial_seconds
-        reason = f"time cap of {cap:.0f} s reached at step {step} of {total}"
+        reason = f"time cap of {cap:.0f} s reached at step {step} of {plan.total_steps}"
         link.record({_keys.OBJECTIVE_TIME_CAPPED: step})
         if link.is_leader:
-            _logger.info("Trial %d: %s.", link.number, reason)
-        return Outcome("pruned", reason=reason)
+            kept = "; kept with its value there (a published model or a finalist)"
+            _logger.info("Trial %d: %s%s.", link.number, reason, kept if plan.protected else "")
+        return None if plan.protected else Outcome("pruned", reason=reason)
 
     def _complete(
         self, link: TrialLink, values: tuple[float, ...], metrics: dict[str, float]
