@@ -14,7 +14,6 @@ import os
 from pathlib import Path
 import resource
 import shutil
-import signal
 import sqlite3
 import subprocess
 import sys
@@ -38,8 +37,13 @@ REPO = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
 
 
-def _ignore_sigxfsz() -> None:
-    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # writes past the limit fail with EFBIG
+# The run ignores SIGXFSZ, so that writes past the limit fail with EFBIG. It is set in the
+# child's own interpreter, not by a ``preexec_fn``: a fork from a test worker that has loaded
+# gRPC runs gRPC's fork handlers, which may print to the child's stderr before the exec.
+_IGNORING_SIGXFSZ = (
+    "import runpy, signal, sys; signal.signal(signal.SIGXFSZ, signal.SIG_IGN); "
+    "sys.argv[0] = 'hpcnas'; runpy.run_module('optuna_hpcnas', run_name='__main__')"
+)
 
 
 def _error_lines(stderr: str) -> list[str]:
@@ -72,8 +76,8 @@ def test_sqlite_full_at_a_checkpoint_is_one_line_and_exit_2(tmp_path: Path) -> N
         ),
     )
     proc = subprocess.Popen(
-        [sys.executable, "-m", "optuna_hpcnas", "run", "--config", str(config), "--no-progress"],
-        cwd=tmp_path, env=ENV, preexec_fn=_ignore_sigxfsz, stdout=subprocess.PIPE,
+        [sys.executable, "-c", _IGNORING_SIGXFSZ, "run", "--config", str(config), "--no-progress"],
+        cwd=tmp_path, env=ENV, stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     deadline = time.monotonic() + 120
