@@ -11,8 +11,9 @@ MNIST-1D, generator seed 42, with the published models of the space added):
    doubling gains less than ``--tolerance`` (the "plateau"); rows in
    ``bench/data/ground_truth_<task>_budget.parquet``.
 2. ``build``: ``--archs`` architectures x ``--seeds`` training seeds at ``--passes`` (the
-   plateau), rows flushed as they come (a killed build resumes; ``--shard i --num-shards n``
-   splits the work between processes, ``merge`` folds the shards in).
+   plateau), rows flushed as they come and on SIGINT / SIGTERM (a killed build resumes;
+   ``--shard i --num-shards n`` splits the work between processes, ``merge`` folds the
+   shards in).
 3. ``report``: the table's size, CPU time, content hash and noise ceiling; ``plot``: the
    budget curve of step 1 as ``docs/images/ground_truth_budget_<task>.png``.
 
@@ -34,6 +35,7 @@ import json
 import os
 from pathlib import Path
 import shlex
+import signal
 import sys
 import time
 from typing import Any
@@ -216,14 +218,27 @@ def build(args: argparse.Namespace) -> None:
         if (i, s) not in done and (i * args.seeds + s) % args.num_shards == args.shard
     ]
     print(f"{len(done)} rows present, {len(todo)} to train -> {out}", flush=True)
+    # SIGTERM unwinds as SIGINT does, so that the rows trained since the last flush are written
+    signal.signal(signal.SIGTERM, _stop_on_sigterm)
+    written = len(rows)
     start = time.perf_counter()
-    for k, (index, seed) in enumerate(todo, 1):
-        arch, name = archs[index]
-        rows.append(train_row(args.task, space, data, index, arch, name, seed, args.passes))
-        if k % args.flush == 0 or k == len(todo):
-            write_table(rows, out, _metadata(args.task, args, rows))
+    try:
+        for k, (index, seed) in enumerate(todo, 1):
+            arch, name = archs[index]
+            rows.append(train_row(args.task, space, data, index, arch, name, seed, args.passes))
             rate = (time.perf_counter() - start) / k
             print(f"{k}/{len(todo)} trained, {rate:.1f} s each", flush=True)
+            if k % args.flush == 0 or k == len(todo):
+                write_table(rows, out, _metadata(args.task, args, rows))
+                written = len(rows)
+    finally:
+        if len(rows) > written:
+            write_table(rows, out, _metadata(args.task, args, rows))
+            print(f"stopped: {len(rows) - written} row(s) trained since the last flush written")
+
+
+def _stop_on_sigterm(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def unsharded(command: str) -> str:

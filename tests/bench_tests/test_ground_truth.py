@@ -5,6 +5,7 @@ row, a noise ceiling that tells a resolvable table from noise, the plateau rule,
 from __future__ import annotations
 
 from pathlib import Path
+import signal
 import subprocess
 import sys
 from typing import Any
@@ -145,3 +146,27 @@ def test_a_tiny_build_in_two_shards_resumes_merges_and_reports(tmp_path: Path) -
     assert "--shard" not in meta["command"] and "--archs 3 --seeds 2" in meta["command"]
     assert {r["steps"] for r in rows} == {34}  # one pass of batch 32 over 1,078 images
     assert "6 rows present, 0 to train" in run(*build).stdout
+
+
+def test_a_build_stopped_by_sigterm_writes_the_rows_it_trained(tmp_path: Path) -> None:
+    command = [
+        sys.executable, str(BENCH / "ground_truth.py"), "build", "--task", "digits-elastic",
+        "--data-dir", str(tmp_path), "--archs", "20", "--seeds", "1", "--passes", "1",
+        "--flush", "100",
+    ]  # fmt: skip
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    for line in proc.stdout:  # two rows trained, none flushed yet
+        if line.startswith("2/20 trained"):
+            proc.send_signal(signal.SIGTERM)
+            break
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode != 0 and "stopped:" in out, err[-2000:]
+    rows, _ = gt.read_table(tmp_path / "ground_truth_digits-elastic.parquet")
+    assert 2 <= len(rows) < 20
+    resumed = subprocess.run(
+        [*command[:-8], "--archs", "3", "--seeds", "1", "--passes", "1"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"{len(rows)} rows present" in resumed.stdout
