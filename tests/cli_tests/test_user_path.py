@@ -46,6 +46,7 @@ def test_run_status_best_export_as_typed(tmp_path: Path) -> None:
     assert "test accuracy" in export.stdout
     # export trains with the config's [training] threads too, not the node's share
     assert "torch uses 1 intra-op thread(s) per process ([training] threads)" in export.stderr
+    assert "torchvision" not in export.stderr  # the ONNX exporter's registry is quiet
     meta = json.loads((tmp_path / "best" / "architecture.json").read_text())
     assert meta["export"]["mode"] == "retrain" and meta["export"]["steps"] == 6
     assert 0.0 <= meta["export"]["test_accuracy"] <= 1.0
