@@ -145,7 +145,9 @@ def cmd_export(args: argparse.Namespace) -> int:
     from optuna_hpcnas.deploy._export import export_trial
     from optuna_hpcnas.deploy._export import ExportError
 
-    _configure_threads(args)
+    _configure_threads(args)  # imports torch
+    if args.verbose < 2:
+        quiet_exporter_logs()
     study = load_study(args)
     trial = _pick_trial(study, args.trial)
     arch = trial_architecture(study, trial)

@@ -10,8 +10,6 @@ and the server (which needs no torch) imports only onnxruntime.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
-import logging
 import math
 from pathlib import Path
 import tempfile
@@ -47,23 +45,6 @@ def _require(module: str) -> Any:
         ) from e
 
 
-# torch's ONNX exporter logs one warning a torchvision operator it cannot register when
-# torchvision is absent, which it never needs for these models
-_REGISTRATION_LOGGER = "torch.onnx._internal.exporter._registration"
-
-
-@contextmanager
-def _quiet_logger(name: str) -> Iterator[None]:
-    """Only errors from the logger ``name`` while the block runs."""
-    logger = logging.getLogger(name)
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        logger.setLevel(level)
-
-
 def export_onnx(
     model: torch.nn.Module, path: str | Path, input_shape: tuple[int, ...]
 ) -> dict[str, Any]:
@@ -88,11 +69,7 @@ def export_onnx(
     _require("onnxscript")
     # Batch 2 in the example: a batch of 1 could be specialised into the graph.
     example = torch.zeros(2, *input_shape)
-    with (
-        tempfile.TemporaryDirectory() as tmp,
-        warnings.catch_warnings(),
-        _quiet_logger(_REGISTRATION_LOGGER),
-    ):
+    with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
         warnings.simplefilter("ignore")  # exporter chatter about its own internals
         raw = Path(tmp) / "raw.onnx"
         torch.onnx.export(
