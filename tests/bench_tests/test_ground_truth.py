@@ -149,12 +149,14 @@ def test_a_tiny_build_in_two_shards_resumes_merges_and_reports(tmp_path: Path) -
 
 
 def test_a_build_stopped_by_sigterm_writes_the_rows_it_trained(tmp_path: Path) -> None:
-    command = [
+    build = [
         sys.executable, str(BENCH / "ground_truth.py"), "build", "--task", "digits-elastic",
-        "--data-dir", str(tmp_path), "--archs", "20", "--seeds", "1", "--passes", "1",
-        "--flush", "100",
+        "--data-dir", str(tmp_path), "--seeds", "1", "--passes", "1",
     ]  # fmt: skip
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [*build, "--archs", "20", "--flush", "100"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
     assert proc.stdout is not None
     for line in proc.stdout:  # two rows trained, none flushed yet
         if line.startswith("2/20 trained"):
@@ -165,7 +167,7 @@ def test_a_build_stopped_by_sigterm_writes_the_rows_it_trained(tmp_path: Path) -
     rows, _ = gt.read_table(tmp_path / "ground_truth_digits-elastic.parquet")
     assert 2 <= len(rows) < 20
     resumed = subprocess.run(
-        [*command[:-8], "--archs", "3", "--seeds", "1", "--passes", "1"],
+        [*build, "--archs", "3"],
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert resumed.returncode == 0, resumed.stderr
