@@ -6,12 +6,15 @@ the same search: the ``digits-elastic`` space, one process, a 2-epoch sandwich w
 ``--trials`` trials in one-shot mode (no finalists), the evolutionary sampler. From the study:
 trials per second from the end of the warm-up to the end of the run (the last batch written),
 the median evaluation (the core's scoring, recorded by the run) and the rest of a trial's wall
-time (asks, tells, the sampler). Each backend runs with every ``--batches`` size of
+time (asks, tells, the sampler); on the Redis journal also the commands the server processed
+over the whole run (its ``total_commands_processed``) per trial, which the load of the machine
+does not move. Each backend runs with every ``--batches`` size of
 ``[distributed] one_shot_batch``; the peer in the same run is the same backend with 1 (each
 candidate asked and told on the study, as the Python API does).
 
     python bench/one_shot_storage.py [--trials 300] [--backends sqlite postgresql journal-redis]
         [--batches 1 64] [--out bench/data/one_shot_storage.json]
+        (backends also: journal-file, mysql)
 """
 
 from __future__ import annotations
@@ -65,6 +68,7 @@ def measure(kind: str, trials: int, workdir: str, batch: int = 1) -> dict[str, A
                 "distributed": {"processes": 1, "one_shot_batch": batch},
             }  # fmt: skip
         )
+        commands_before = _redis_commands(url)
         warmed_up = _WarmUpEnd()
         logger = logging.getLogger("optuna_hpcnas.run._search")
         level = logger.level
@@ -76,8 +80,11 @@ def measure(kind: str, trials: int, workdir: str, batch: int = 1) -> dict[str, A
         finally:
             logger.removeHandler(warmed_up)
             logger.setLevel(level)
+        commands = _redis_commands(url)
         study = optuna.load_study(study_name="one-shot", storage=open_storage(url))
         done = [t for t in study.get_trials(deepcopy=False) if t.state.is_finished()]
+    if commands is not None and commands_before is not None:
+        commands -= commands_before + 1  # the second INFO itself
     assert warmed_up.at is not None, "the run logged no warm-up"
     seconds = end - warmed_up.at
     evaluation = [
@@ -96,7 +103,22 @@ def measure(kind: str, trials: int, workdir: str, batch: int = 1) -> dict[str, A
         "trial_ms": 1000 * per_trial,
         "evaluation_ms": 1000 * median_eval,
         "storage_share": max(0.0, 1 - median_eval / per_trial),
+        "redis_commands_per_trial": None if commands is None else commands / len(done),
     }
+
+
+def _redis_commands(url: str) -> int | None:
+    """The commands a Redis server has processed so far (``INFO stats``); ``None`` for the
+    other backends. Counts every client of the server: run nothing else against it."""
+    if not url.startswith("redis://"):
+        return None
+    import redis
+
+    client = redis.Redis.from_url(url)
+    try:
+        return int(client.info("stats")["total_commands_processed"])
+    finally:
+        client.close()
 
 
 class _WarmUpEnd(logging.Handler):
@@ -118,15 +140,17 @@ def table(rows: list[dict[str, Any]], trials: int) -> str:
         f"One-shot mode, {trials} trials, one process (digits-elastic, inherited scoring)",
         "",
         "| backend | one_shot_batch | trials/s | x batch 1 | ms a trial | evaluation ms "
-        "(median) | the rest |",
-        "|---|---|---|---|---|---|---|",
+        "(median) | the rest | Redis commands a trial |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         peer = unbatched.get(r["backend"])
         ratio = f"{r['trials_per_s'] / peer:.2f}" if peer else "-"
+        commands = r.get("redis_commands_per_trial")
         lines.append(
             f"| {r['backend']} | {r['batch']} | {r['trials_per_s']:.1f} | {ratio} | "
-            f"{r['trial_ms']:.0f} | {r['evaluation_ms']:.0f} | {r['storage_share']:.0%} |"
+            f"{r['trial_ms']:.0f} | {r['evaluation_ms']:.0f} | {r['storage_share']:.0%} | "
+            f"{'-' if commands is None else f'{commands:.0f}'} |"
         )
     return "\n".join(lines)
 

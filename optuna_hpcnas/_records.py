@@ -18,6 +18,8 @@ from typing import Any
 from typing import TYPE_CHECKING
 
 from optuna_hpcnas import _keys
+from optuna_hpcnas._journal_batch import journal_storage
+from optuna_hpcnas._journal_batch import JournalBatch
 from optuna_hpcnas._process import this_process
 from optuna_hpcnas.search_space import Architecture
 
@@ -526,7 +528,9 @@ class PublishFinished:
     its row lock in trial order (two writers never deadlock), its state, times, parameters,
     values and attributes written as Optuna's ``_create_new_trial`` writes a template's.
     Written by hand because Optuna has no call that fills a queued trial, nor any that
-    writes several trials at once. Other storages get Optuna's public calls, trial by trial.
+    writes several trials at once. A journal (file or Redis) gets the batch in at most two
+    appends (``JournalBatch``). Other storages (the gRPC proxy) get Optuna's public calls,
+    trial by trial.
 
     Args:
         study: The study to write into.
@@ -554,13 +558,30 @@ class PublishFinished:
         # claimed but not written yet when a try failed (the next try writes it first)
         self._written: list[int] = []
         self._claimed: int | None = None
+        self._journal: JournalBatch | None = None
 
     def __call__(self) -> list[int]:
         rdb = rdb_backend(self.study._storage)
         targets = self._targets() if self.budget else []
         if rdb is not None:
             return self._rdb(rdb, targets)
+        journal = journal_storage(self.study._storage)
+        if journal is not None:
+            return self._journal_batch(journal, targets)
         return self._one_by_one(targets)
+
+    def _journal_batch(self, journal: Any, targets: list[int]) -> list[int]:
+        """The batch as a few journal appends; a retry goes on from what landed."""
+        if self._journal is None:
+            self._journal = JournalBatch(
+                journal,
+                self.study._study_id,
+                self.trials,
+                system_attrs=[self._system_attrs(t) for t in self.trials],
+                claim=self.claim,
+                claim_key=_keys.RUN_CLAIM,
+            )
+        return self._journal.budget(targets) if self.budget else self._journal.new()
 
     def recover(self) -> tuple[bool, list[int] | None]:
         rdb = rdb_backend(self.study._storage)

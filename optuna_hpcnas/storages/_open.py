@@ -6,7 +6,8 @@ with ``--storage`` (or ``OPTUNA_STORAGE``, or the config): the string picks the 
 - an RDB URL (``sqlite:///nas.db``, ``postgresql+psycopg://...``, ``mysql+pymysql://...``)
   opens :class:`optuna.storages.RDBStorage`, with heartbeats when asked;
 - ``redis://host:6379/0`` opens :class:`optuna.storages.JournalStorage` on
-  :class:`optuna.storages.journal.JournalRedisBackend`;
+  :class:`optuna.storages.journal.JournalRedisBackend` (``BatchedRedisBackend``: the same
+  journal, many logs per round trip);
 - ``grpc://host:port`` opens :class:`optuna.storages.GrpcStorageProxy` (a server started by
   ``hpcnas storage-proxy``);
 - anything else is a path to an Optuna journal file (created when missing), opened with
@@ -597,7 +598,6 @@ def _open_redis(url: str, timeout: float, call_timeout: float) -> optuna.storage
     except ImportError:
         raise _missing_extra(url, "redis", "redis") from None
     import optuna
-    from optuna.storages.journal import JournalRedisBackend
 
     try:
         # The journal's own client waits indefinitely; probe first so a stopped server is an
@@ -613,7 +613,9 @@ def _open_redis(url: str, timeout: float, call_timeout: float) -> optuna.storage
         raise _error(url, f"Redis server not reachable: {e}") from None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        backend = JournalRedisBackend(with_socket_timeout(url, call_timeout))
+        from optuna_hpcnas.storages._redis_journal import BatchedRedisBackend
+
+        backend = BatchedRedisBackend(with_socket_timeout(url, call_timeout))
         return optuna.storages.JournalStorage(backend)
 
 
