@@ -88,8 +88,8 @@ class JournalBatch:
         self._system = list(system_attrs)
         self._claim = claim
         self._claim_key = claim_key
-        # budget trials: the journal position before the claims, this writer's id, the
-        # trials claimed (None until the claims were appended)
+        # budget trials: the journal position before the first claim (None until then),
+        # this writer's id, the trials it tried to claim
         self._start: int | None = None
         self._worker: str | None = None
         self._targets: list[int] = []
@@ -165,29 +165,40 @@ class JournalBatch:
     # ------------------------------------------------------------------ budget trials
     def budget(self, targets: Sequence[int]) -> list[int]:
         """Fill budget trials among ``targets`` (WAITING when the caller read them, in
-        trial order): claim them in one append, write the batch into those this writer
-        won in another; their numbers (the batch's tail is dropped when fewer were won)."""
+        trial order): claim as many as the batch has trials in one append, again for those
+        another writer claimed first while untried targets are left (as the RDB path skips a
+        row taken meanwhile), then write the batch into the won trials in one append; their
+        numbers (the batch's tail is dropped when fewer were won)."""
+        wanted = len(self._trials)
         with self._storage._thread_lock:
             self._sync()
-            if self._start is None or self._lost_claims():
-                # first try, or the claims' append failed before it landed
-                self._claim_targets(list(targets)[: len(self._trials)])
+            replay = self._storage._replay_result
+            if self._start is None:
+                self._start, self._worker = replay.log_number_read, replay.worker_id
+            elif self._lost_claims():
+                self._targets = []  # the claims' append failed before it landed
             won = self._won()
-            self._sync()
+            while len(won) < wanted and self._claim_more(targets, wanted - len(won)):
+                won = self._won()
+                self._sync()
             self._fill(won)
             self._sync()
-            replay = self._storage._replay_result
             return [replay.get_trial(t).number for t in won]
 
-    def _claim_targets(self, targets: list[int]) -> None:
+    def _claim_more(self, targets: Sequence[int], count: int) -> bool:
+        """Claim ``count`` targets still WAITING and not tried yet, in one append; ``False``
+        when none is left."""
         from optuna.storages.journal._storage import JournalOperation
         from optuna.trial import TrialState
 
         replay = self._storage._replay_result
-        waiting = [t for t in targets if replay.get_trial(t).state == TrialState.WAITING]
-        self._start = replay.log_number_read
-        self._worker = replay.worker_id
-        self._targets = waiting
+        tried = set(self._targets)
+        fresh = [
+            t
+            for t in targets
+            if t not in tried and replay.get_trial(t).state == TrialState.WAITING
+        ][:count]
+        self._targets += fresh
         claims = [
             self._log(
                 JournalOperation.SET_TRIAL_STATE_VALUES,
@@ -196,9 +207,10 @@ class JournalBatch:
                 values=None,
                 datetime_start=_now(),
             )
-            for t in waiting
+            for t in fresh
         ]
         self._append(claims)
+        return bool(fresh)
 
     def _first_claims(self) -> dict[int, str]:
         """Each target's first claim (or finish) after the start: its writer's id."""

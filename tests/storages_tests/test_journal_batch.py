@@ -104,10 +104,14 @@ def test_a_failed_append_is_tried_again_without_writing_twice(
     assert sum(t.state == TrialState.WAITING for t in trials) == (1 if budget else 4)
 
 
-def test_a_batch_lost_to_another_writer_fills_only_what_it_won(journal_url: str) -> None:
-    """A claim read first from another writer wins the trial; the batch's tail is dropped."""
+@pytest.mark.parametrize("budget_trials", [3, 4])
+def test_a_claim_lost_to_another_writer_is_made_good_on_the_next_queued_trial(
+    journal_url: str, budget_trials: int
+) -> None:
+    """A claim read first from another writer wins the trial: the batch claims the next
+    queued trial instead, or drops its tail when none is left."""
     study = _study(journal_url)
-    _records.add_budget(study, 3)
+    _records.add_budget(study, budget_trials)
     other = _study(journal_url)  # another storage object: another writer
     first = other._storage.get_all_trials(other._study_id)[0]._trial_id
 
@@ -117,15 +121,17 @@ def test_a_batch_lost_to_another_writer_fills_only_what_it_won(journal_url: str)
                 assert other._storage.set_trial_state_values(first, TrialState.RUNNING)
             super().__call__(logs)
 
-    _RaceAhead(study._storage)  # type: ignore[arg-type]
+    appends = _RaceAhead(study._storage)  # type: ignore[arg-type]
     numbers = _records.PublishFinished(
         study, _finished_locally([0.1, 0.2, 0.3]), claim="race", budget=True
     )()
 
-    assert numbers == [1, 2]
+    assert numbers == list(range(1, budget_trials))
+    assert appends.calls == (2 if budget_trials == 3 else 3)  # claims, more claims, keys
     trials = study.get_trials()
     assert trials[0].state == TrialState.RUNNING and not trials[0].params
-    assert [t.state for t in trials[1:]] == [TrialState.COMPLETE] * 2
+    assert [t.state for t in trials[1:]] == [TrialState.COMPLETE] * (budget_trials - 1)
+    assert [t.value for t in trials[1:]] == [0.1, 0.2, 0.3][: budget_trials - 1]
 
 
 @pytest.mark.services
