@@ -293,3 +293,47 @@ class JournalBatch:
                 )
             )
         self._append(logs)
+
+
+def append_trial_attrs(
+    storage: JournalStorage, trial_id: int, *, user: dict[str, Any], system: dict[str, Any]
+) -> None:
+    """Several user and system attributes of one trial in one append (the logs Optuna's
+    ``set_trial_user_attr`` and ``set_trial_system_attr`` write, one a key) and one read.
+    ``UpdateFinishedTrialError`` for a finished trial, as Optuna's calls raise it, with
+    nothing written."""
+    from optuna.exceptions import UpdateFinishedTrialError
+    from optuna.storages.journal._storage import JournalOperation
+
+    if not user and not system:
+        return
+    with storage._thread_lock:
+        storage._sync_with_backend()
+        replay = storage._replay_result
+        trial = replay.get_trial(trial_id)
+        if trial.state.is_finished():
+            raise UpdateFinishedTrialError(
+                f"Trial#{trial.number} has already finished and can not be updated."
+            )
+        worker = replay.worker_id
+        logs = [
+            {"op_code": JournalOperation.SET_TRIAL_USER_ATTR, "worker_id": worker,
+             "trial_id": trial_id, "user_attr": {key: value}}
+            for key, value in user.items()
+        ] + [
+            {"op_code": JournalOperation.SET_TRIAL_SYSTEM_ATTR, "worker_id": worker,
+             "trial_id": trial_id, "system_attr": {key: value}}
+            for key, value in system.items()
+        ]  # fmt: skip
+        storage._backend.append_logs(logs)
+        refused = False
+        while True:  # a trial another writer finished meanwhile refuses each of these logs
+            try:
+                storage._sync_with_backend()
+                break
+            except UpdateFinishedTrialError:
+                refused = True
+        if refused:
+            raise UpdateFinishedTrialError(
+                f"Trial#{trial.number} has already finished and can not be updated."
+            )

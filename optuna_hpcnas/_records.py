@@ -18,6 +18,7 @@ from typing import Any
 from typing import TYPE_CHECKING
 
 from optuna_hpcnas import _keys
+from optuna_hpcnas._journal_batch import append_trial_attrs
 from optuna_hpcnas._journal_batch import journal_storage
 from optuna_hpcnas._journal_batch import JournalBatch
 from optuna_hpcnas._process import this_process
@@ -95,7 +96,7 @@ def set_trial_attrs(
 ) -> None:
     """Several user and system attributes of ``trial``: one transaction on an RDB storage
     (Optuna commits each ``set_trial_*_attr`` on its own, about ten commits per trial on a
-    SQLite file), one call per key on the others."""
+    SQLite file), one append on a journal, one call per key on the others."""
     _set_attrs(trial.storage, trial._trial_id, user=user, system=system)
     cached = getattr(trial, "_cached_frozen_trial", None)  # what ``trial.user_attrs`` reads
     if cached is not None:
@@ -113,6 +114,10 @@ def _set_attrs(
     storage: Any, trial_id: int, *, user: Mapping[str, Any], system: Mapping[str, Any]
 ) -> None:
     rdb = rdb_backend(storage)
+    journal = journal_storage(storage)
+    if journal is not None:
+        append_trial_attrs(journal, trial_id, user=dict(user), system=dict(system))
+        return
     if rdb is None:
         for key, value in user.items():
             storage.set_trial_user_attr(trial_id, key, value)

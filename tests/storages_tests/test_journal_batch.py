@@ -169,3 +169,29 @@ def test_the_redis_journal_is_read_by_optunas_own_backend_and_in_chunks(
     trials = optuna.load_study(study_name="batch", storage=reread).get_trials()
     assert [(t.number, t.params, t.values) for t in trials[:-1]] == ours
     assert trials[-1].state == TrialState.WAITING
+
+
+def test_a_trials_attributes_are_one_append(journal_url: str) -> None:
+    from optuna.exceptions import UpdateFinishedTrialError
+
+    study = _study(journal_url)
+    trial = study.ask()
+    trial.set_user_attr("kept", 1)
+    trial.set_user_attr("changed", "old")
+    appends = _Appends(study._storage)  # type: ignore[arg-type]
+
+    _records.set_trial_attrs(
+        trial, user={"changed": "new", "added": [1, 2]}, system={"layout": "dp1xpp1", "g": 2}
+    )
+
+    assert appends.calls == 1
+    frozen = _study(journal_url).trials[0]  # another reader of the journal
+    assert frozen.user_attrs == {"kept": 1, "changed": "new", "added": [1, 2]}
+    assert frozen.system_attrs["layout"] == "dp1xpp1" and frozen.system_attrs["g"] == 2
+
+    study.tell(trial, 1.0)
+    with pytest.raises(UpdateFinishedTrialError):
+        _records.set_trial_attrs(trial, user={"late": 1}, system={"late": 2})
+    assert appends.calls == 2  # the tell; nothing for the finished trial
+    study.ask()  # the storage reads on without an error
+    assert "late" not in study.trials[0].user_attrs
