@@ -57,6 +57,43 @@ def _utc(moment: datetime | None) -> str | None:
     )
 
 
+def _log(storage: JournalStorage, op: Any, **fields: Any) -> dict[str, Any]:
+    """A log as ``JournalStorage`` writes it, from this thread's writer."""
+    return {"op_code": op, "worker_id": storage._replay_result.worker_id, **fields}
+
+
+def _attr_logs(
+    storage: JournalStorage, trial_id: int, user: dict[str, Any], system: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """The logs of ``set_trial_user_attr`` and ``set_trial_system_attr``, one a key."""
+    from optuna.storages.journal._storage import JournalOperation
+
+    return [
+        _log(storage, JournalOperation.SET_TRIAL_USER_ATTR, trial_id=trial_id, user_attr={k: v})
+        for k, v in user.items()
+    ] + [
+        _log(
+            storage, JournalOperation.SET_TRIAL_SYSTEM_ATTR, trial_id=trial_id, system_attr={k: v}
+        )
+        for k, v in system.items()
+    ]
+
+
+def _sync_past_refusals(storage: JournalStorage) -> bool:
+    """Read the journal up to its end; ``True`` when the replay refused a log of this writer
+    (a trial another writer finished in between), which it skips as it skips another
+    writer's."""
+    from optuna.exceptions import UpdateFinishedTrialError
+
+    refused = False
+    while True:
+        try:
+            storage._sync_with_backend()
+            return refused
+        except UpdateFinishedTrialError:
+            refused = True
+
+
 class JournalBatch:
     """One batch of finished trials for one journal storage (see the module docstring).
 
@@ -100,21 +137,10 @@ class JournalBatch:
             self._storage._backend.append_logs(logs)
 
     def _sync(self) -> None:
-        """Read the journal up to its end. A log of this writer that the replay refuses (a
-        trial another writer finished in between) is skipped, as the replay skips another
-        writer's."""
-        from optuna.exceptions import UpdateFinishedTrialError
-
-        while True:
-            try:
-                self._storage._sync_with_backend()
-                return
-            except UpdateFinishedTrialError:
-                continue
+        _sync_past_refusals(self._storage)
 
     def _log(self, op: Any, **fields: Any) -> dict[str, Any]:
-        worker = self._storage._replay_result.worker_id
-        return {"op_code": op, "worker_id": worker, **fields}
+        return _log(self._storage, op, **fields)
 
     def _landed(self) -> list[FrozenTrial]:
         """This batch's trials in the journal (synced), in trial order."""
@@ -267,22 +293,7 @@ class JournalBatch:
                         intermediate_value=value,
                     )
                 )
-            for key, value in trial.user_attrs.items():
-                logs.append(
-                    self._log(
-                        JournalOperation.SET_TRIAL_USER_ATTR,
-                        trial_id=trial_id,
-                        user_attr={key: value},
-                    )
-                )
-            for key, value in system.items():
-                logs.append(
-                    self._log(
-                        JournalOperation.SET_TRIAL_SYSTEM_ATTR,
-                        trial_id=trial_id,
-                        system_attr={key: value},
-                    )
-                )
+            logs += _attr_logs(self._storage, trial_id, trial.user_attrs, system)
             logs.append(
                 self._log(
                     JournalOperation.SET_TRIAL_STATE_VALUES,
@@ -303,37 +314,16 @@ def append_trial_attrs(
     ``UpdateFinishedTrialError`` for a finished trial, as Optuna's calls raise it, with
     nothing written."""
     from optuna.exceptions import UpdateFinishedTrialError
-    from optuna.storages.journal._storage import JournalOperation
+    from optuna.storages.journal._storage import UNUPDATABLE_MSG
 
     if not user and not system:
         return
     with storage._thread_lock:
         storage._sync_with_backend()
-        replay = storage._replay_result
-        trial = replay.get_trial(trial_id)
+        trial = storage._replay_result.get_trial(trial_id)
+        finished = UpdateFinishedTrialError(UNUPDATABLE_MSG.format(trial_number=trial.number))
         if trial.state.is_finished():
-            raise UpdateFinishedTrialError(
-                f"Trial#{trial.number} has already finished and can not be updated."
-            )
-        worker = replay.worker_id
-        logs = [
-            {"op_code": JournalOperation.SET_TRIAL_USER_ATTR, "worker_id": worker,
-             "trial_id": trial_id, "user_attr": {key: value}}
-            for key, value in user.items()
-        ] + [
-            {"op_code": JournalOperation.SET_TRIAL_SYSTEM_ATTR, "worker_id": worker,
-             "trial_id": trial_id, "system_attr": {key: value}}
-            for key, value in system.items()
-        ]  # fmt: skip
-        storage._backend.append_logs(logs)
-        refused = False
-        while True:  # a trial another writer finished meanwhile refuses each of these logs
-            try:
-                storage._sync_with_backend()
-                break
-            except UpdateFinishedTrialError:
-                refused = True
-        if refused:
-            raise UpdateFinishedTrialError(
-                f"Trial#{trial.number} has already finished and can not be updated."
-            )
+            raise finished
+        storage._backend.append_logs(_attr_logs(storage, trial_id, user, system))
+        if _sync_past_refusals(storage):  # another writer finished the trial meanwhile
+            raise finished
