@@ -447,6 +447,20 @@ def journal_owned_trial(study: optuna.Study, *, sync: bool = False) -> int | Non
         return storage._replay_result.owned_trial_id
 
 
+def forget_journal_claim(study: optuna.Study) -> None:
+    """On a journal storage, forget which trial this thread took last (no storage call):
+    its next claim, once read from the journal, is then the only trial it owns. Optuna's
+    replay keeps the owner per worker in a private table and has no call for this."""
+    from optuna.storages import JournalStorage
+
+    storage = study._storage
+    if not isinstance(storage, JournalStorage):
+        return
+    with storage._thread_lock:
+        replay = storage._replay_result
+        replay._worker_id_to_owned_trial_id.pop(replay.worker_id, None)
+
+
 class PopClaim:
     """One pop of the budget queue that can be tried again after a lost answer (call it
     through ``OutageWindow.call``, which asks ``recover`` before a second try): a try that
@@ -458,15 +472,17 @@ class PopClaim:
     def __init__(self, study: optuna.Study, token: str) -> None:
         self.study = study
         self.token = token
-        self._owned_before = journal_owned_trial(study)  # in memory: no storage call
 
     def __call__(self) -> optuna.Trial | None:
+        # a journal knows a claim by its worker only: forget the trial this thread took last
+        # (it may be popped again once given back), so any claim found later is this pop's
+        forget_journal_claim(self.study)
         return pop_waiting_trial(self.study, claim=self.token)
 
     def recover(self) -> tuple[bool, optuna.Trial | None]:
         import optuna
 
-        trial_id = claimed_trial_id(self.study, self.token, self._owned_before)
+        trial_id = claimed_trial_id(self.study, self.token, None)
         if trial_id is None:
             return False, None
         return True, optuna.trial.Trial(self.study, trial_id)

@@ -303,6 +303,8 @@ class OutageResult:
         failed: FAIL trials (a run that rode the outage out has none).
         duplicated: Trials whose evaluation was done twice: retries of a trial that had
             finished (COMPLETE or PRUNED).
+        unfinished: One line per trial left RUNNING or WAITING (number, state, start, its
+            system attributes), for a failing test's message.
     """
 
     exit_status: int
@@ -316,6 +318,7 @@ class OutageResult:
     left: int
     failed: int
     duplicated: int
+    unfinished: str = ""
 
     @property
     def lost(self) -> int:
@@ -520,4 +523,9 @@ def _result(
         left=sum(t.state in (TrialState.RUNNING, TrialState.WAITING) for t in trials),
         failed=sum(t.state == TrialState.FAIL for t in trials),
         duplicated=duplicated,
+        unfinished="\n".join(
+            f"trial {t.number} {t.state.name} started {t.datetime_start} {t.system_attrs}"
+            for t in trials
+            if not t.state.is_finished()
+        ),
     )

@@ -314,6 +314,13 @@ def _lose_answer_once(owner: Any, name: str) -> list[int]:
     return calls
 
 
+def _lose_pop_answer_once(kind: str, study: optuna.Study) -> list[int]:
+    """The next pop of a budget trial takes effect and its answer is lost (once)."""
+    if kind == "rdb":
+        return _lose_answer_once(_records, "_pop_claimed")
+    return _lose_answer_once(study._storage, "set_trial_state_values")
+
+
 def _study(kind: str, tmp_path: Path, n_waiting: int = 3) -> optuna.Study:
     url = f"sqlite:///{tmp_path / 'o.db'}" if kind == "rdb" else str(tmp_path / "o.journal")
     study = optuna.create_study(storage=open_storage(url), study_name="o")
@@ -355,10 +362,7 @@ def test_a_pop_whose_answer_was_lost_takes_the_trial_it_claimed(
 ) -> None:
     window, _ = _window()
     study = _study(kind, tmp_path)
-    if kind == "rdb":
-        calls = _lose_answer_once(_records, "_pop_claimed")
-    else:
-        calls = _lose_answer_once(study._storage, "set_trial_state_values")
+    calls = _lose_pop_answer_once(kind, study)
     trial = window.call(_records.PopClaim(study, "token-1"))
     assert trial is not None and len(calls) == 1
     states = [t.state for t in study.get_trials(deepcopy=False)]
@@ -367,3 +371,21 @@ def test_a_pop_whose_answer_was_lost_takes_the_trial_it_claimed(
     # the next pop, another token, takes another trial
     other = window.call(_records.PopClaim(study, "token-2"))
     assert other is not None and other.number != trial.number
+
+
+@pytest.mark.parametrize("kind", ["rdb", "journal"])
+def test_a_lost_pop_of_the_trial_this_worker_gave_back_takes_it_again(
+    kind: str, tmp_path: Path
+) -> None:
+    # the worker took a trial and gave it back unstarted; its next pop takes the same
+    # trial, and the answer is lost: the retry must find that claim, not take another
+    window, _ = _window()
+    study = _study(kind, tmp_path)
+    given = window.call(_records.PopClaim(study, "token-1"))
+    assert given is not None and _records.return_to_queue(given)
+    calls = _lose_pop_answer_once(kind, study)
+    trial = window.call(_records.PopClaim(study, "token-2"))
+    assert trial is not None and len(calls) == 1
+    assert trial.number == given.number
+    states = [t.state for t in study.get_trials(deepcopy=False)]
+    assert states.count(TrialState.RUNNING) == 1 and states.count(TrialState.WAITING) == 2

@@ -74,7 +74,7 @@ def _check_ridden_out(result: OutageResult, ranks: int) -> None:
         0,
         0,
         0,
-    ), out
+    ), f"{out}\n{result.unfinished}"
     assert result.resume_after_s is not None and result.resume_after_s < 15, out
 
 
