@@ -188,6 +188,12 @@ def _protocol(results: dict) -> str:
     return f"{len(seeds)} seed{'s' * (len(seeds) > 1)}{but}{minutes}"
 
 
+def _seeds_of(results: dict, method: str) -> str:
+    """How many seeds ``method`` ran, and which, as "1 seed (0)"."""
+    seeds = sorted({int(key.split("/")[1]) for key in results if key.endswith(f"/{method}")})
+    return f"{len(seeds)} seed{'s' * (len(seeds) > 1)} ({', '.join(map(str, seeds))})"
+
+
 def _tasks(data: Path) -> str:
     """The table "Which tasks it fits": the demo (``demo.json``) and
     ``bench/tsc_vs_textbook.py`` on MNIST-1D and on the archive's sets (``--out``
@@ -222,15 +228,17 @@ def _tasks(data: Path) -> str:
             f"{_accuracy(mnist, 'mnist1d', 'tpe+hyperband')}, Random + SuccessiveHalving "
             f"{_accuracy(mnist, 'mnist1d', 'random+sh')} over the same space, same wall |",
             '| time series as the UCR/UEA archive keeps them (`[data] name = "aeon"`, the '
-            f"`signal-1d` starter) | {', '.join(sets)} (the archive's train/test split, shipped "
-            f"by aeon) | test accuracy (%) {per_set('hpcnas')} ({_protocol(aeon)}; published "
-            f"FCN {published}) | the FCN alone {per_set('fcn')}, the ResNet "
+            f"`signal-1d` or `signal-elastic` starter) | {', '.join(sets)} (the archive's "
+            "train/test split, shipped by aeon) | test accuracy (%) "
+            f"{per_set('hpcnas')} multi-fidelity ({_protocol(aeon)}), "
+            f"{per_set('hpcnas-one-shot')} one-shot ({_seeds_of(aeon, 'hpcnas-one-shot')}); "
+            f"published FCN {published} | the FCN alone {per_set('fcn')}, the ResNet "
             f"{per_set('resnet')}, Optuna's TPE + Hyperband over the same space "
             f"{per_set('tpe+hyperband')}, same wall on the same 2 cores "
             f"(`bench/tsc_vs_textbook.py`; table and caveats in {docs}) |",
             "| your own signals, images or token sequences | `npz` `(N, L)`, `(N, L, F)`, "
             "`(N, C, H, W)`; `image_folder`; `cifar10` files; a `factory` | the presets "
-            "`signal-1d`, `cifar-like`, `sequence` | - |",
+            "`signal-elastic`, `signal-1d`, `digits-elastic`, `cifar-like`, `sequence` | - |",
         ]
     )
 

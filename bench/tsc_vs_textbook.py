@@ -62,7 +62,7 @@ PROTOCOL_SETS = SETS[:5]
 # MNIST-1D are not in it.
 PUBLISHED = {"GunPoint": (100.0, 99.1), "ItalyPowerDemand": (96.1, 96.3)}
 METHODS = ("hpcnas", "hpcnas-one-shot", "fcn", "resnet", "tpe+hyperband", "random+sh")
-DEFAULT_METHODS = ("hpcnas", "fcn", "resnet", "tpe+hyperband")
+DEFAULT_METHODS = ("hpcnas", "hpcnas-one-shot", "fcn", "resnet", "tpe+hyperband")
 # the starter each of (a)'s modes runs: multi-fidelity over the mixed space, one-shot over
 # the nested elastic one
 PRESETS = {"hpcnas": "signal-1d", "hpcnas-one-shot": "signal-elastic"}
