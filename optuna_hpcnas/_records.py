@@ -358,13 +358,18 @@ def pop_waiting_trial(study: optuna.Study, claim: str | None = None) -> optuna.T
     token is written into the trial in the pop's own transaction (``claimed_trial_id``), and
     so is this process as the trial's owner (the record a sweep reads to fail the trial at
     once when this process is gone, ``storages.recover_expired_trials``): a worker killed
-    right after its pop, before its heartbeat or lease began, leaves no anonymous trial.
+    right after its pop, before its heartbeat or lease began, leaves no anonymous trial. A
+    journal storage records only which writer took a trial: with ``claim`` this thread's
+    last claim is forgotten first (``_forget_journal_claim``), so the trial it owns after
+    the pop (a trial it gave back and takes again included) is this pop's.
     """
     import optuna
 
     study._thread_local.cached_all_trials = None
     rdb = rdb_backend(study._storage)
     if claim is None or rdb is None:
+        if claim is not None:
+            _forget_journal_claim(study)
         trial_id = study._pop_waiting_trial_id()
     else:
         trial_id = _pop_claimed(study, rdb, claim)
@@ -401,17 +406,17 @@ def _pop_claimed(study: optuna.Study, rdb: Any, claim: str) -> int | None:
     return None
 
 
-def claimed_trial_id(study: optuna.Study, claim: str, owned_before: int | None) -> int | None:
+def claimed_trial_id(study: optuna.Study, claim: str) -> int | None:
     """The RUNNING trial an earlier ``pop_waiting_trial(study, claim)`` took, if it did (its
     answer lost with the connection). RDB storages: the trial carrying ``claim``; journal
-    storages: the trial this thread owns now if it owned ``owned_before`` before the pop
-    (the journal records which worker's write took a trial); others: ``None``."""
+    storages: the trial this thread owns now, read from the journal (the pop forgot the one
+    it owned before); others: ``None``."""
     from optuna.trial import TrialState
 
     rdb = rdb_backend(study._storage)
     if rdb is None:
-        owned = journal_owned_trial(study, sync=True)
-        if owned is None or owned == owned_before:
+        owned = _journal_owned_trial(study)
+        if owned is None:
             return None
         trial = study._storage.get_trial(owned)
         return owned if trial.state == TrialState.RUNNING else None
@@ -433,21 +438,20 @@ def claimed_trial_id(study: optuna.Study, claim: str, owned_before: int | None) 
     return None if row is None else int(row[0])
 
 
-def journal_owned_trial(study: optuna.Study, *, sync: bool = False) -> int | None:
-    """The trial this thread last took on a journal storage (``None`` elsewhere); ``sync``
-    reads the journal's new entries first (a storage call)."""
+def _journal_owned_trial(study: optuna.Study) -> int | None:
+    """The trial this thread last took on a journal storage, its new entries read first (a
+    storage call); ``None`` elsewhere."""
     from optuna.storages import JournalStorage
 
     storage = study._storage
     if not isinstance(storage, JournalStorage):
         return None
     with storage._thread_lock:
-        if sync:
-            storage._sync_with_backend()
+        storage._sync_with_backend()
         return storage._replay_result.owned_trial_id
 
 
-def forget_journal_claim(study: optuna.Study) -> None:
+def _forget_journal_claim(study: optuna.Study) -> None:
     """On a journal storage, forget which trial this thread took last (no storage call):
     its next claim, once read from the journal, is then the only trial it owns. Optuna's
     replay keeps the owner per worker in a private table and has no call for this."""
@@ -474,15 +478,12 @@ class PopClaim:
         self.token = token
 
     def __call__(self) -> optuna.Trial | None:
-        # a journal knows a claim by its worker only: forget the trial this thread took last
-        # (it may be popped again once given back), so any claim found later is this pop's
-        forget_journal_claim(self.study)
         return pop_waiting_trial(self.study, claim=self.token)
 
     def recover(self) -> tuple[bool, optuna.Trial | None]:
         import optuna
 
-        trial_id = claimed_trial_id(self.study, self.token, None)
+        trial_id = claimed_trial_id(self.study, self.token)
         if trial_id is None:
             return False, None
         return True, optuna.trial.Trial(self.study, trial_id)

@@ -297,28 +297,30 @@ def test_optunas_fallback_warning_on_a_lost_connection_is_dropped(
 
 
 # ---------------------------------------------------------------------------- lost answers
-def _lose_answer_once(owner: Any, name: str) -> list[int]:
-    """``owner.name`` takes effect, then raises a connection error, the first time only:
-    the storage did it, the answer never came back."""
+def _lose_answer_once(owner: Any, name: str, *, landed: bool = True) -> list[int]:
+    """``owner.name`` takes effect (``landed``; else it never reaches the storage), then
+    raises a connection error, the first time only: the answer never came back."""
     original = getattr(owner, name)
     calls: list[int] = []
 
     def lossy(*args: Any, **kwargs: Any) -> Any:
         calls.append(1)
-        result = original(*args, **kwargs)
-        if len(calls) == 1:
-            raise ConnectionResetError(104, "Connection reset by peer")
-        return result
+        if len(calls) > 1:
+            return original(*args, **kwargs)
+        if landed:
+            original(*args, **kwargs)
+        raise ConnectionResetError(104, "Connection reset by peer")
 
     setattr(owner, name, lossy)
     return calls
 
 
-def _lose_pop_answer_once(kind: str, study: optuna.Study) -> list[int]:
-    """The next pop of a budget trial takes effect and its answer is lost (once)."""
+def _lose_pop_answer_once(kind: str, study: optuna.Study, *, landed: bool = True) -> list[int]:
+    """The next pop of a budget trial takes effect (``landed``) and its answer is lost
+    (once)."""
     if kind == "rdb":
-        return _lose_answer_once(_records, "_pop_claimed")
-    return _lose_answer_once(study._storage, "set_trial_state_values")
+        return _lose_answer_once(_records, "_pop_claimed", landed=landed)
+    return _lose_answer_once(study._storage, "set_trial_state_values", landed=landed)
 
 
 def _study(kind: str, tmp_path: Path, n_waiting: int = 3) -> optuna.Study:
@@ -389,3 +391,21 @@ def test_a_lost_pop_of_the_trial_this_worker_gave_back_takes_it_again(
     assert trial.number == given.number
     states = [t.state for t in study.get_trials(deepcopy=False)]
     assert states.count(TrialState.RUNNING) == 1 and states.count(TrialState.WAITING) == 2
+
+
+@pytest.mark.parametrize("kind", ["rdb", "journal"])
+def test_a_pop_that_never_landed_takes_a_new_trial_beside_the_one_running(
+    kind: str, tmp_path: Path
+) -> None:
+    # the worker runs a trial; its next pop fails before reaching the storage: the retry
+    # must not take the running trial for this pop's claim
+    window, _ = _window()
+    study = _study(kind, tmp_path)
+    running = window.call(_records.PopClaim(study, "token-1"))
+    assert running is not None
+    calls = _lose_pop_answer_once(kind, study, landed=False)
+    trial = window.call(_records.PopClaim(study, "token-2"))
+    assert trial is not None and len(calls) == 2
+    assert trial.number != running.number
+    states = [t.state for t in study.get_trials(deepcopy=False)]
+    assert states.count(TrialState.RUNNING) == 2 and states.count(TrialState.WAITING) == 1
