@@ -47,6 +47,7 @@ OBJECTIVE_EARLY_STOPPED = "early_stopped"
 OBJECTIVE_REFERENCE = "reference_model"
 OBJECTIVE_VALIDATION_SAMPLES = "validation_samples"  # samples the trial's value is pooled over
 OBJECTIVE_TIME_CAPPED = "time_capped"  # the step at which [objective] max_trial_seconds ended it
+OBJECTIVE_SEARCH_ENDED = "search_ended"  # the step at which the search's timeout ended it
 # One-shot mode: "inherited" (scored by the supernet's weights alone) or "trained" (a finalist
 # or a published model, through the stages); and the inherited trial a finalist was taken from.
 OBJECTIVE_FIDELITY = "fidelity"

@@ -405,6 +405,11 @@ class _CandidateFault(Exception):
     """A fault of the candidate (non-finite loss), carried to the next collective."""
 
 
+# Why a trial stops for time (``TrialEvaluator._over_time``).
+_CAP = "max_trial_seconds"
+_TIMEOUT = "timeout"
+
+
 class _TimeCapped(Exception):
     """A one-rank trial ran past ``max_trial_seconds`` in the middle of a round."""
 
@@ -551,9 +556,14 @@ class TrialEvaluator:
         engine: Engine | None = None,
         *,
         on_step: Callable[[], None] | None = None,
+        search_ended: Callable[[], bool] | None = None,
     ) -> Outcome:
         """Score ``arch`` for the trial behind ``link`` (collective over a group);
-        ``on_step`` runs after every fine-tuning step (signal checks, averaging)."""
+        ``on_step`` runs after every fine-tuning step (signal checks, averaging).
+
+        ``search_ended`` (the same on every rank of a group; asked on the leader only, at each
+        validation) says the search's timeout has passed: the trial stops there as the time
+        cap stops it (pruned, or completed with its value there when it is protected)."""
         engine = engine if engine is not None else LocalEngine()
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(trial_seed(self.seed, link.number))
@@ -572,7 +582,7 @@ class TrialEvaluator:
                 return self._complete(link, self._values(None, costs), costs)
             model = prepared.model if isinstance(prepared, _Prepared) else None
             costs = prepared.metrics if isinstance(prepared, _Prepared) else {}
-            return self._fine_tune(arch, link, engine, model, costs, on_step)
+            return self._fine_tune(arch, link, engine, model, costs, on_step, search_ended)
 
     def _guard(self, work: Callable[[], T]) -> T | str:
         """Run ``work``; a fault of the candidate becomes its reason (a string)."""
@@ -733,6 +743,7 @@ class TrialEvaluator:
         model: nn.Module | None,
         costs: dict[str, float],
         on_step: Callable[[], None] | None,
+        search_ended: Callable[[], bool] | None,
     ) -> Outcome:
         if model is None:  # not the leader: the engine replaces these weights by the leader's
             model = self.trainer.subnet(arch)
@@ -762,7 +773,7 @@ class TrialEvaluator:
                 try:
                     result = self._guard(functools.partial(work, deadline if link.solo else None))
                 except _TimeCapped as capped:
-                    if (pruned := self._time_capped(link, capped.step, plan)) is not None:
+                    if (pruned := self._stopped(link, capped.step, plan, _CAP)) is not None:
                         return pruned
                     # a protected trial: validated where the cap cut its round short
                     settle = functools.partial(self._settle, sessions, models, link, capped.step)
@@ -786,8 +797,8 @@ class TrialEvaluator:
                 if decision == Decision.STOP and not plan.protected:
                     link.record({_keys.OBJECTIVE_EARLY_STOPPED: step})
                     break
-                if self._over_time(link, deadline, step, plan.total_steps):
-                    if (pruned := self._time_capped(link, step, plan)) is not None:
+                if (why := self._over_time(link, deadline, search_ended, step, plan)) is not None:
+                    if (pruned := self._stopped(link, step, plan, why)) is not None:
                         return pruned
                     break
         finally:
@@ -813,12 +824,26 @@ class TrialEvaluator:
         local = LocalEngine()
         return models, [local.open(m, arch, self.fine_tuning) for m in models]
 
-    def _over_time(self, link: TrialLink, deadline: float | None, step: int, total: int) -> bool:
-        """Whether the trial has trained past its deadline (the leader's clock, shared:
-        every rank of a group stops at the same round)."""
-        if deadline is None or step >= total:
-            return False
-        return bool(link.share(link.is_leader and time.perf_counter() > deadline))
+    def _over_time(
+        self,
+        link: TrialLink,
+        deadline: float | None,
+        search_ended: Callable[[], bool] | None,
+        step: int,
+        plan: TrialPlan,
+    ) -> str | None:
+        """Why the trial stops at ``step`` for time (``_CAP``: past its own deadline;
+        ``_TIMEOUT``: the search's timeout passed), or ``None``. The leader's clock, shared:
+        every rank of a group stops at the same round."""
+        if (deadline is None and search_ended is None) or step >= plan.total_steps:
+            return None
+        why = None
+        if link.is_leader:
+            if deadline is not None and time.perf_counter() > deadline:
+                why = _CAP
+            elif search_ended is not None and search_ended():
+                why = _TIMEOUT
+        return link.share(why)
 
     def _settle(
         self,
@@ -850,15 +875,19 @@ class TrialEvaluator:
         link.record({_keys.OBJECTIVE_STEPS: step, _keys.OBJECTIVE_ACCURACY: result["accuracy"]})
         return self._scalar(metrics)
 
-    def _time_capped(self, link: TrialLink, step: int, plan: TrialPlan) -> Outcome | None:
-        """A trial stopped by ``max_trial_seconds`` at ``step``: pruned, as a trial that did
-        not reach the end of its plan (its value would not compare with the others'), unless
-        it is protected (a published model or a one-shot finalist, never pruned): then
-        ``None``, and it completes with its value there, a candidate for export still (which
-        retrains it with its own recipe)."""
-        cap = self.config.max_trial_seconds
-        reason = f"time cap of {cap:.0f} s reached at step {step} of {plan.total_steps}"
-        link.record({_keys.OBJECTIVE_TIME_CAPPED: step})
+    def _stopped(self, link: TrialLink, step: int, plan: TrialPlan, why: str) -> Outcome | None:
+        """A trial stopped for time at ``step`` (``why``: ``max_trial_seconds`` or the
+        search's timeout): pruned, as a trial that did not reach the end of its plan (its value
+        would not compare with the others'), unless it is protected (a published model or a
+        one-shot finalist, never pruned): then ``None``, and it completes with its value there,
+        a candidate for export still (which retrains it with its own recipe)."""
+        if why == _CAP:
+            reason = f"time cap of {self.config.max_trial_seconds:.0f} s reached"
+            link.record({_keys.OBJECTIVE_TIME_CAPPED: step})
+        else:
+            reason = "the search's timeout passed"
+            link.record({_keys.OBJECTIVE_SEARCH_ENDED: step})
+        reason += f" at step {step} of {plan.total_steps}"
         if link.is_leader:
             kept = "; kept with its value there (a published model or a finalist)"
             _logger.info("Trial %d: %s%s.", link.number, reason, kept if plan.protected else "")

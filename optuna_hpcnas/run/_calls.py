@@ -174,6 +174,13 @@ class StudyCalls:
         """The architectures of the last ``size`` complete trials."""
         return self._call(_records.finished_architectures, self.study, size)
 
+    def has_completed_trial(self) -> bool:
+        """Whether the study holds a complete trial (any run's)."""
+        from optuna.trial import TrialState
+
+        complete = (TrialState.COMPLETE,)
+        return bool(self._call(self.study.get_trials, deepcopy=False, states=complete))
+
     # ------------------------------------------------------------------ during a trial
     def report(self, trial: optuna.Trial, plan: TrialPlan, step: int, value: float) -> Decision:
         """Report the value at ``step`` and read the pruner's verdict."""

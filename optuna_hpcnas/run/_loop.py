@@ -67,7 +67,10 @@ class GroupLoop:
         tracker: This rank's utilisation tracker.
         queue: The leader's trials (``None`` on the other ranks).
         hooks: Step and trial hooks.
-        timeout: Seconds after which the leader asks for no further trial.
+        timeout: Seconds after which the leader asks for no further trial; a trial still
+            training then stops at its next validation (``TrialEvaluator.evaluate``'s
+            ``search_ended``), once the study holds a complete trial (so that a search too
+            short for any candidate still leaves one to export).
     """
 
     def __init__(
@@ -90,6 +93,7 @@ class GroupLoop:
         self.queue = queue
         self.hooks = hooks if hooks is not None else LoopHooks()
         self._deadline = None if timeout is None else time.monotonic() + timeout
+        self._has_result = False  # the study holds a complete trial (this leader's, or read)
 
     def run(self) -> None:
         """The loop, inside the tracker's loop window: it ends with the rank's last trial;
@@ -170,7 +174,14 @@ class GroupLoop:
         started = time.monotonic()
         with watch:
             with self.tracker.track("compute"):
-                outcome = self.core.evaluate(taken.arch, link, self.engine, on_step=hooks.on_step)
+                outcome = self.core.evaluate(
+                    taken.arch,
+                    link,
+                    self.engine,
+                    on_step=hooks.on_step,
+                    search_ended=self._ended_check(),
+                )
+        self._has_result = self._has_result or outcome.state == "complete"
         engine = "deepspeed" if self.engine.uses_deepspeed(taken.arch) else "plain"
         told = self.queue.tell(
             taken,
@@ -184,6 +195,22 @@ class GroupLoop:
                 if hooks.reads_told_trial:
                     self.queue.wait(told)
                 hooks.after_trial(taken.trial._trial_id)
+
+    def _ended_check(self) -> Callable[[], bool] | None:
+        """``search_ended`` for ``evaluate``: every rank passes one when there is a timeout;
+        the leader's alone is asked."""
+        return None if self._deadline is None else self._search_ended
+
+    def _search_ended(self) -> bool:
+        """The timeout has passed and the study holds a complete trial (read once, at the
+        timeout, unless this leader told one)."""
+        assert self._deadline is not None and self.queue is not None
+        if time.monotonic() < self._deadline:
+            return False
+        if not self._has_result:
+            with self.channel.leader_section("at the timeout"):
+                self._has_result = self.queue.has_completed_trial()
+        return self._has_result
 
     def _follow(self, message: TrialTask) -> None:
         from optuna_hpcnas.search_space import Architecture
@@ -201,4 +228,5 @@ class GroupLoop:
                 link,
                 self.engine,
                 on_step=self.hooks.on_step,
+                search_ended=self._ended_check(),
             )

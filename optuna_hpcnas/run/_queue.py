@@ -369,6 +369,9 @@ class LeaderQueue:
     def population(self, size: int) -> list[Architecture]:
         return self.wait(self._writes.submit(self.calls.population, size))
 
+    def has_completed_trial(self) -> bool:
+        return self.wait(self._writes.submit(self.calls.has_completed_trial))
+
     def wait(self, future: Future[T], category: str = "storage") -> T:
         """The result of a queued call; the main thread's wait counts as ``category``."""
         return self._writes.wait(future, category)

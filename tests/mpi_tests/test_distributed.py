@@ -218,6 +218,41 @@ def test_four_rank_search_two_groups_one_study(
     assert f"compute      {expected}" in status.stdout
 
 
+def test_the_timeout_stops_a_group_of_two_ranks_at_the_same_validation(tmp_path: Path) -> None:
+    """Past the timeout the group's leader says "stop" at a validation and its other rank
+    stops with it: the trial is pruned there and the run ends cleanly, nothing left RUNNING."""
+    from optuna_hpcnas.config import config_from_dict
+    from optuna_hpcnas.run import run_search
+
+    url = f"sqlite:///{tmp_path / 'nas.db'}"
+    stages = [
+        {"name": "quick", "steps": 40, "lr": 1e-3},
+        {"name": "full", "steps": 40, "lr": 1e-2},
+    ]
+    sections = {
+        "study": {"name": "timed", "storage": url, "n_trials": 1},
+        "pruner": {"name": "none"},
+        "stages": {"stages": stages, "eval_every": 10},
+    }
+    run_search(config_from_dict(tiny_config(**sections)))  # the study holds a complete trial
+    sections["study"] = {"name": "timed", "n_trials": 1, "timeout": 0.05}
+    sections["distributed"] = {"group_size": 2}
+    config = write_config(tmp_path / "nas.toml", tiny_config(**sections))
+    proc = run_mpi(
+        2,
+        ["-m", "optuna_hpcnas", "run", "--config", str(config), "--no-progress"],
+        timeout=120,
+        cwd=REPO,
+        env={"OPTUNA_STORAGE": url},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    first, second = optuna.load_study(study_name="timed", storage=url).trials
+    assert first.state == optuna.trial.TrialState.COMPLETE
+    assert second.state == optuna.trial.TrialState.PRUNED
+    assert second.user_attrs[_keys.OBJECTIVE_SEARCH_ENDED] in (10, 20, 30, 40, 50, 60, 70)
+    assert "on 2 ranks" in second.system_attrs[_keys.DISTRIBUTED_LAYOUT]
+
+
 @pytest.mark.parametrize("batch", [1, 3])
 def test_one_shot_mode_under_mpirun_two_groups(tmp_path: Path, batch: int) -> None:
     """Two groups score the budget by inherited weights (one by one, or in batches on each

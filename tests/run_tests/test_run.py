@@ -246,15 +246,61 @@ def test_asking_ahead_overlaps_the_ask_and_a_timeout_gives_the_asked_trial_back(
     sections["data"] = {"max_samples": 1797}
     study = _run(tmp_path, study={**timed, "timeout": 1.0}, **sections)
     by_state = {s: study.get_trials(states=(s,)) for s in optuna.trial.TrialState}
-    done = [t.number for t in by_state[COMPLETE]]
-    assert done == list(range(len(done))) and 0 < len(done) < 6
+    # a trial still training at the timeout stopped there (pruned)
+    assert all(_keys.OBJECTIVE_SEARCH_ENDED in t.user_attrs for t in by_state[PRUNED])
+    done = sorted(t.number for t in by_state[COMPLETE] + by_state[PRUNED])
+    assert done == list(range(len(done))) and 0 < len(done) < 6 and by_state[COMPLETE]
     assert not by_state[optuna.trial.TrialState.RUNNING]
     asked = [t for t in by_state[optuna.trial.TrialState.WAITING] if t.params]
     assert [t.number for t in asked] == [len(done)]
     study = _run(tmp_path, study=timed, **sections)  # resumes the queue, adds nothing
     trials = study.get_trials()
-    assert len(trials) == 6 and all(t.state == COMPLETE for t in trials)
+    assert len(trials) == 6 and all(t.state.is_finished() for t in trials)
+    assert all(t.state == COMPLETE for t in trials[len(done) :])
     assert trials[len(done)].params == asked[0].params
+
+
+def test_the_timeout_stops_a_trial_at_its_next_validation_once_a_trial_completed(
+    tmp_path: Path,
+) -> None:
+    """Past the timeout a trial still training stops at its next validation: pruned, or, a
+    published model, completed with its value there. A search whose timeout comes before any
+    trial completed lets its first trial finish, so that it leaves a model to export."""
+    sections: dict[str, Any] = {
+        "pruner": {"name": "none"},
+        "stages": {
+            "stages": [
+                {"name": "quick", "steps": 40, "lr": 1e-3},
+                {"name": "full", "steps": 40, "lr": 1e-2},
+            ],
+            "eval_every": 10,
+        },
+    }
+    timed = {"n_trials": 2, "timeout": 0.05}
+    study = _run(tmp_path, study=timed, **sections)  # a trial takes about a second
+    first, waiting = study.trials
+    assert first.state == COMPLETE and first.user_attrs["steps"] == 80
+    assert _keys.OBJECTIVE_SEARCH_ENDED not in first.user_attrs
+    assert waiting.state == optuna.trial.TrialState.WAITING
+
+    study.enqueue_trial(
+        {"node.topology": "chain", "node.cell0.op": "identity", "node.cell1.op": "identity"}
+        | {"node.cell2.op": "maxpool3x3"},
+        user_attrs={_keys.OBJECTIVE_REFERENCE: "chain"},
+    )
+    study = _run(tmp_path, study={**timed, "n_trials": None}, **sections)  # resumes: no budget
+    trials = sorted(study.trials, key=lambda t: t.number)
+    stopped = [t for t in trials if _keys.OBJECTIVE_SEARCH_ENDED in t.user_attrs]
+    assert [t.state for t in stopped] == [PRUNED]  # the budget trial, run first
+    (pruned,) = stopped
+    assert pruned.user_attrs[_keys.OBJECTIVE_SEARCH_ENDED] % 10 == 0
+    assert pruned.user_attrs[_keys.OBJECTIVE_SEARCH_ENDED] < 80
+
+    study = _run(tmp_path, study={**timed, "n_trials": None}, **sections)
+    published = next(t for t in study.trials if _keys.OBJECTIVE_REFERENCE in t.user_attrs)
+    assert published.state == COMPLETE
+    assert published.user_attrs["steps"] == published.user_attrs[_keys.OBJECTIVE_SEARCH_ENDED]
+    assert published.user_attrs["steps"] < 80
 
 
 def test_enqueued_models_are_the_first_trials_of_a_new_study_only(tmp_path: Path) -> None:
