@@ -176,22 +176,24 @@ def _accuracy(results: dict, name: str, method: str) -> str:
 def _protocol(results: dict) -> str:
     """The seeds and the budget (``--minutes``) of an arm, as the results record them; a peer
     is given at least the wall time (a) took."""
-    seeds = result_seeds(results)
     budgets = [r["budget_s"] for r in results.values() if "budget_s" in r]
     minutes = f", {min(budgets) / 60:g} min an arm, peers given (a)'s wall" if budgets else ""
+    return _seed_counts(results) + minutes
+
+
+def _seed_counts(results: dict, method: str | None = None) -> str:
+    """How many seeds ran (``method``'s alone when given), and the sets that ran fewer, as
+    "3 seeds (BasicMotions 2)"."""
+    if method is not None:
+        results = {k: v for k, v in results.items() if k.endswith(f"/{method}")}
+    seeds = result_seeds(results)
     fewer = [
         f"{name} {n}"
         for name in result_sets(results)
         if (n := len(result_seeds(results, name))) < len(seeds)
     ]
     but = f" ({', '.join(fewer)})" if fewer else ""
-    return f"{len(seeds)} seed{'s' * (len(seeds) > 1)}{but}{minutes}"
-
-
-def _seeds_of(results: dict, method: str) -> str:
-    """How many seeds ``method`` ran, and which, as "1 seed (0)"."""
-    seeds = sorted({int(key.split("/")[1]) for key in results if key.endswith(f"/{method}")})
-    return f"{len(seeds)} seed{'s' * (len(seeds) > 1)} ({', '.join(map(str, seeds))})"
+    return f"{len(seeds)} seed{'s' * (len(seeds) > 1)}{but}"
 
 
 def _tasks(data: Path) -> str:
@@ -231,7 +233,7 @@ def _tasks(data: Path) -> str:
             f"`signal-1d` or `signal-elastic` starter) | {', '.join(sets)} (the archive's "
             "train/test split, shipped by aeon) | test accuracy (%) "
             f"{per_set('hpcnas')} multi-fidelity ({_protocol(aeon)}), "
-            f"{per_set('hpcnas-one-shot')} one-shot ({_seeds_of(aeon, 'hpcnas-one-shot')}); "
+            f"{per_set('hpcnas-one-shot')} one-shot ({_seed_counts(aeon, 'hpcnas-one-shot')}); "
             f"published FCN {published} | the FCN alone {per_set('fcn')}, the ResNet "
             f"{per_set('resnet')}, Optuna's TPE + Hyperband over the same space "
             f"{per_set('tpe+hyperband')}, same wall on the same 2 cores "
