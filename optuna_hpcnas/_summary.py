@@ -124,14 +124,13 @@ def evaluation_seconds(trial: FrozenTrial) -> float | None:
 def trained_only(trials: list[FrozenTrial]) -> list[FrozenTrial]:
     """The trials that compete for the export. In a one-shot study, values by inherited
     weights and values after the stages are not on one scale: the trained trials (finalists
-    and published models) when a finalist was trained, else the inherited ones (a run that
-    ended before its finalists: the search's own ranking)."""
+    and published models) when any was trained, else the inherited ones (a run that ended
+    before it trained any: the search's own ranking)."""
     inherited = [t for t in trials if t.user_attrs.get(_keys.OBJECTIVE_FIDELITY) == "inherited"]
     if not inherited:
         return trials
-    if any(_keys.OBJECTIVE_FINALIST_OF in t.user_attrs for t in trials):
-        return [t for t in trials if t not in inherited]
-    return inherited
+    trained = [t for t in trials if t.user_attrs.get(_keys.OBJECTIVE_FIDELITY) != "inherited"]
+    return trained or inherited
 
 
 def completed_trials(study: optuna.Study) -> list[FrozenTrial]:

@@ -100,3 +100,22 @@ def test_several_objectives_and_an_empty_study() -> None:
     choice = export_choice(multi)
     assert choice is not None and choice[0].number == 1 and choice[1] is None
     assert export_choice(optuna.create_study(direction="maximize")) is None
+
+
+def test_a_one_shot_study_exports_a_trained_trial_when_only_published_models_trained() -> None:
+    """A one-shot run that ended before its finalists but trained its published models
+    exports among those (inherited scores are on another scale), the margin rule applying;
+    with nothing trained, the best inherited score."""
+    inherited = {_keys.OBJECTIVE_FIDELITY: "inherited"}
+    trained = {_keys.OBJECTIVE_FIDELITY: "trained"}
+    study = _study(
+        (0.9483, {**_attrs(0.95, samples=41, reference="fcn"), **trained}),
+        (0.9489, {**_attrs(0.95, samples=41, reference="resnet"), **trained}),
+        (0.99, {**_attrs(0.99, samples=41), **inherited}),
+        (0.60, {**_attrs(0.60, samples=41), **inherited}),
+    )
+    choice = export_choice(study)
+    assert choice is not None and choice[0].number == 0 and "'fcn'" in str(choice[1])
+    untrained = _study((0.6, {**_attrs(0.6), **inherited}), (0.8, {**_attrs(0.8), **inherited}))
+    choice = export_choice(untrained)
+    assert choice is not None and choice[0].number == 1
