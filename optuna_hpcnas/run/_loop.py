@@ -67,10 +67,7 @@ class GroupLoop:
         tracker: This rank's utilisation tracker.
         queue: The leader's trials (``None`` on the other ranks).
         hooks: Step and trial hooks.
-        timeout: Seconds after which the leader asks for no further trial; a trial still
-            training then stops at its next validation (``TrialEvaluator.evaluate``'s
-            ``search_ended``), once the study holds a complete trial (so that a search too
-            short for any candidate still leaves one to export).
+        timeout: Seconds of search (``SearchTimeout``).
     """
 
     def __init__(
@@ -92,8 +89,7 @@ class GroupLoop:
         self.tracker = tracker
         self.queue = queue
         self.hooks = hooks if hooks is not None else LoopHooks()
-        self._deadline = None if timeout is None else time.monotonic() + timeout
-        self._has_result = False  # the study holds a complete trial (this leader's, or read)
+        self._timeout = SearchTimeout(timeout, queue, channel)
 
     def run(self) -> None:
         """The loop, inside the tracker's loop window: it ends with the rank's last trial;
@@ -149,7 +145,7 @@ class GroupLoop:
 
     def _next(self, queue: LeaderQueue) -> Taken | None:
         queue.check()  # an earlier write's error is raised here, in the section
-        if self._deadline is not None and time.monotonic() >= self._deadline:
+        if self._timeout.passed():
             return None
         return queue.next()
 
@@ -174,14 +170,10 @@ class GroupLoop:
         started = time.monotonic()
         with watch:
             with self.tracker.track("compute"):
+                ended = self._timeout.check
                 outcome = self.core.evaluate(
-                    taken.arch,
-                    link,
-                    self.engine,
-                    on_step=hooks.on_step,
-                    search_ended=self._ended_check(),
+                    taken.arch, link, self.engine, on_step=hooks.on_step, search_ended=ended
                 )
-        self._has_result = self._has_result or outcome.state == "complete"
         engine = "deepspeed" if self.engine.uses_deepspeed(taken.arch) else "plain"
         told = self.queue.tell(
             taken,
@@ -195,22 +187,6 @@ class GroupLoop:
                 if hooks.reads_told_trial:
                     self.queue.wait(told)
                 hooks.after_trial(taken.trial._trial_id)
-
-    def _ended_check(self) -> Callable[[], bool] | None:
-        """``search_ended`` for ``evaluate``: every rank passes one when there is a timeout;
-        the leader's alone is asked."""
-        return None if self._deadline is None else self._search_ended
-
-    def _search_ended(self) -> bool:
-        """The timeout has passed and the study holds a complete trial (read once, at the
-        timeout, unless this leader told one)."""
-        assert self._deadline is not None and self.queue is not None
-        if time.monotonic() < self._deadline:
-            return False
-        if not self._has_result:
-            with self.channel.leader_section("at the timeout"):
-                self._has_result = self.queue.has_completed_trial()
-        return self._has_result
 
     def _follow(self, message: TrialTask) -> None:
         from optuna_hpcnas.search_space import Architecture
@@ -228,5 +204,46 @@ class GroupLoop:
                 link,
                 self.engine,
                 on_step=self.hooks.on_step,
-                search_ended=self._ended_check(),
+                search_ended=self._timeout.check,
             )
+
+
+class SearchTimeout:
+    """The search's timeout on one group: no trial starts past it (``passed``), and a trial
+    still training then stops at its next validation (``ended``, asked by the leader), once
+    the study holds a complete trial, so that a search too short for any candidate still
+    leaves one to export.
+
+    Args:
+        seconds: The timeout from now (``None``: none).
+        queue: The leader's trials (``None`` on the other ranks, which never ask ``ended``).
+        channel: The group's broadcast channel.
+    """
+
+    def __init__(
+        self, seconds: float | None, queue: LeaderQueue | None, channel: GroupChannel
+    ) -> None:
+        self._deadline = None if seconds is None else time.monotonic() + seconds
+        self._queue = queue
+        self._channel = channel
+        self._has_result = False  # the study holds a complete trial (read at the timeout)
+
+    @property
+    def check(self) -> Callable[[], bool] | None:
+        """``search_ended`` for ``TrialEvaluator.evaluate``: on every rank of a group when
+        there is a timeout (the leader's alone is called)."""
+        return None if self._deadline is None else self.ended
+
+    def passed(self) -> bool:
+        return self._deadline is not None and time.monotonic() >= self._deadline
+
+    def ended(self) -> bool:
+        """The timeout has passed and the study holds a complete trial (read at each
+        validation past the timeout until it does)."""
+        assert self._queue is not None
+        if not self.passed():
+            return False
+        if not self._has_result:
+            with self._channel.leader_section("at the timeout"):
+                self._has_result = self._queue.has_completed_trial()
+        return self._has_result
