@@ -178,8 +178,8 @@ class StudyCalls:
         """Whether the study holds a complete trial (any run's)."""
         from optuna.trial import TrialState
 
-        complete = (TrialState.COMPLETE,)
-        return bool(self._call(self.study.get_trials, deepcopy=False, states=complete))
+        count = self.study._storage.get_n_trials  # a count, not the trials themselves
+        return self._call(count, self.study._study_id, TrialState.COMPLETE) > 0
 
     # ------------------------------------------------------------------ during a trial
     def report(self, trial: optuna.Trial, plan: TrialPlan, step: int, value: float) -> Decision:
