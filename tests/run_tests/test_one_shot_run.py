@@ -188,3 +188,47 @@ def test_two_leaders_that_chose_the_same_architecture_end_with_two(
     assert turn_into_finalist(study, second, finalists=2, budget=False, late=True) == 2
     assert len(calls) == 2
     assert second.suggest_categorical("op", ["a", "b", "c", "d"]) == "c"
+
+
+def test_a_published_model_gives_its_group_to_a_finalist_at_the_finalists_turn(
+    tmp_path: Path,
+) -> None:
+    """One-shot mode with a timeout on one group: a published model still training when the
+    finalists' share of the timeout begins stops at its next validation, completed with its
+    value there, and a finalist trains after it (before, it held the group to the timeout and
+    no finalist ever trained)."""
+    url = f"sqlite:///{tmp_path / 'run.db'}"
+    sections: dict[str, dict[str, object]] = {
+        "space": {"preset": "digits-elastic"},
+        "training": {"sandwich": True, "paths_per_batch": 3},
+        "stages": {
+            "stages": [{"name": "full", "steps": 100_000, "lr": 1e-3}],
+            "eval_every": 5,
+            "patience": 100_000,
+        },
+    }
+    scored = tiny_config(
+        study={"storage": url, "n_trials": 6},
+        objective={"mode": "one-shot", "finalists": 0},
+        **sections,
+    )
+    run_search(config_from_dict(scored))
+    study = optuna.load_study(study_name="tiny", storage=url)
+    study.enqueue_trial(study.trials[0].params, user_attrs={_keys.OBJECTIVE_REFERENCE: "mine"})
+    timed = tiny_config(
+        study={"storage": url, "n_trials": None, "timeout": 8},
+        objective={"mode": "one-shot", "finalists": 1, "finalists_share": 0.5},
+        **sections,
+    )
+    run_search(config_from_dict(timed))
+    trials = sorted(study.get_trials(), key=lambda t: t.number)
+    published = trials[6]
+    assert _keys.OBJECTIVE_REFERENCE in published.user_attrs
+    assert published.state == optuna.trial.TrialState.COMPLETE
+    stopped = published.user_attrs[_keys.OBJECTIVE_SEARCH_ENDED]
+    assert 0 < stopped == published.user_attrs[_keys.OBJECTIVE_STEPS] < 100_000
+    finalists = [t for t in trials if _keys.OBJECTIVE_FINALIST_OF in t.user_attrs]
+    assert len(finalists) == 1 and finalists[0].state == optuna.trial.TrialState.COMPLETE
+    assert finalists[0].user_attrs[_keys.OBJECTIVE_STEPS] > 0
+    assert published.datetime_complete is not None and finalists[0].datetime_start is not None
+    assert finalists[0].datetime_start >= published.datetime_complete
