@@ -94,6 +94,22 @@ def _sync_past_refusals(storage: JournalStorage) -> bool:
             refused = True
 
 
+def first_state_logs(storage: JournalStorage, start: int) -> dict[int, dict[str, Any]]:
+    """Each trial's first state change in the journal from log ``start`` on (a claim, a
+    finish, a give-back): the log, its writer's ``worker_id`` in it. The replay gives a
+    queued trial to the first claim it reads, so a writer whose claim is a trial's first
+    state change after a point where the trial was WAITING owns it, whichever of the
+    process's threads read that claim first (a storage call: the journal is read from
+    ``start``)."""
+    from optuna.storages.journal._storage import JournalOperation
+
+    first: dict[int, dict[str, Any]] = {}
+    for log in storage._backend.read_logs(start):
+        if log["op_code"] == JournalOperation.SET_TRIAL_STATE_VALUES:
+            first.setdefault(log["trial_id"], log)
+    return first
+
+
 class JournalBatch:
     """One batch of finished trials for one journal storage (see the module docstring).
 
@@ -240,18 +256,10 @@ class JournalBatch:
 
     def _first_claims(self) -> dict[int, str]:
         """Each target's first claim (or finish) after the start: its writer's id."""
-        from optuna.storages.journal._storage import JournalOperation
-
         assert self._start is not None
         targets = set(self._targets)
-        first: dict[int, str] = {}
-        for log in self._storage._backend.read_logs(self._start):
-            if log["op_code"] != JournalOperation.SET_TRIAL_STATE_VALUES:
-                continue
-            trial_id = log["trial_id"]
-            if trial_id in targets and trial_id not in first:
-                first[trial_id] = log["worker_id"]
-        return first
+        first = first_state_logs(self._storage, self._start)
+        return {t: log["worker_id"] for t, log in first.items() if t in targets}
 
     def _won(self) -> list[int]:
         """The targets whose first claim is this writer's, in trial order."""

@@ -406,16 +406,24 @@ def _pop_claimed(study: optuna.Study, rdb: Any, claim: str) -> int | None:
     return None
 
 
-def claimed_trial_id(study: optuna.Study, claim: str) -> int | None:
+def claimed_trial_id(
+    study: optuna.Study, claim: str, journal_from: int | None = None
+) -> int | None:
     """The RUNNING trial an earlier ``pop_waiting_trial(study, claim)`` took, if it did (its
     answer lost with the connection). RDB storages: the trial carrying ``claim``; journal
     storages: the trial this thread owns now, read from the journal (the pop forgot the one
-    it owned before); others: ``None``."""
+    it owned before), or else, with ``journal_from`` (the journal's position before the
+    pop), the trial whose first state change since is this thread's claim: another thread
+    of the process may have read the claim first (its own call syncing the journal while
+    this one's answer was lost), and Optuna's replay then records no owner for this
+    thread; others: ``None``."""
     from optuna.trial import TrialState
 
     rdb = rdb_backend(study._storage)
     if rdb is None:
         owned = _journal_owned_trial(study)
+        if owned is None and journal_from is not None:
+            owned = _journal_claim_since(study, journal_from)
         if owned is None:
             return None
         trial = study._storage.get_trial(owned)
@@ -451,6 +459,35 @@ def _journal_owned_trial(study: optuna.Study) -> int | None:
         return storage._replay_result.owned_trial_id
 
 
+def journal_position(study: optuna.Study) -> int | None:
+    """How far this process has read the study's journal (no storage call); ``None`` off a
+    journal storage."""
+    from optuna.storages import JournalStorage
+
+    storage = study._storage
+    if not isinstance(storage, JournalStorage):
+        return None
+    with storage._thread_lock:
+        return storage._replay_result.log_number_read
+
+
+def _journal_claim_since(study: optuna.Study, start: int) -> int | None:
+    """The trial whose first state change in the journal from ``start`` on is this thread's
+    claim (``first_state_logs``), if one is."""
+    from optuna.storages import JournalStorage
+    from optuna.trial import TrialState
+
+    from optuna_hpcnas._journal_batch import first_state_logs
+
+    storage = study._storage
+    assert isinstance(storage, JournalStorage)
+    worker = storage._replay_result.worker_id
+    for trial_id, log in first_state_logs(storage, start).items():
+        if log["worker_id"] == worker and TrialState(log["state"]) == TrialState.RUNNING:
+            return int(trial_id)
+    return None
+
+
 def _forget_journal_claim(study: optuna.Study) -> None:
     """On a journal storage, forget which trial this thread took last (no storage call):
     its next claim, once read from the journal, is then the only trial it owns. Optuna's
@@ -476,14 +513,17 @@ class PopClaim:
     def __init__(self, study: optuna.Study, token: str) -> None:
         self.study = study
         self.token = token
+        self._journal_from: int | None = None  # the journal's position before the first try
 
     def __call__(self) -> optuna.Trial | None:
+        if self._journal_from is None:
+            self._journal_from = journal_position(self.study)
         return pop_waiting_trial(self.study, claim=self.token)
 
     def recover(self) -> tuple[bool, optuna.Trial | None]:
         import optuna
 
-        trial_id = claimed_trial_id(self.study, self.token)
+        trial_id = claimed_trial_id(self.study, self.token, self._journal_from)
         if trial_id is None:
             return False, None
         return True, optuna.trial.Trial(self.study, trial_id)

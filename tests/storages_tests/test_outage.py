@@ -375,6 +375,33 @@ def test_a_pop_whose_answer_was_lost_takes_the_trial_it_claimed(
     assert other is not None and other.number != trial.number
 
 
+@pytest.mark.parametrize("landed", [True, False])
+def test_a_lost_journal_pop_that_another_thread_read_first_is_still_found(
+    tmp_path: Path, landed: bool
+) -> None:
+    """The pop's claim lands in the journal and its answer is lost before the popping thread
+    reads the journal back; another thread of the process (a lease, a tell) reads it first,
+    and Optuna's replay then records no owner for the popping thread. The retry still takes
+    the claimed trial (not a second one, leaving the first RUNNING with no worker); a claim
+    that never landed is not taken for one."""
+    study = _study("journal", tmp_path)
+    _lose_answer_once(study._storage._backend, "append_logs", landed=landed)
+    claim = _records.PopClaim(study, "token-1")
+    with pytest.raises(ConnectionResetError):
+        claim()
+    reader = threading.Thread(target=study._storage.get_all_trials, args=(study._study_id,))
+    reader.start()
+    reader.join()
+    done, trial = claim.recover()
+    states = [t.state for t in study.get_trials(deepcopy=False)]
+    if not landed:
+        assert (done, trial) == (False, None) and TrialState.RUNNING not in states
+        return
+    assert done and trial is not None
+    assert study._storage.get_trial(trial._trial_id).state == TrialState.RUNNING
+    assert states.count(TrialState.RUNNING) == 1 and states.count(TrialState.WAITING) == 2
+
+
 @pytest.mark.parametrize("kind", ["rdb", "journal"])
 def test_a_lost_pop_of_the_trial_this_worker_gave_back_takes_it_again(
     kind: str, tmp_path: Path
