@@ -28,6 +28,16 @@ SCRIPTS = Path(__file__).parent / "scripts"
 REPO = Path(__file__).resolve().parents[2]
 
 
+def _hpcnas_run(
+    n: int, config: Path, *, timeout: float, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``mpirun -n n python -m mpi4py -m optuna_hpcnas run --config config``; it must exit 0."""
+    args = ["-m", "optuna_hpcnas", "run", "--config", str(config), "--no-progress"]
+    proc = run_mpi(n, args, timeout=timeout, cwd=REPO, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
 def _result(stdout: str) -> list[dict]:
     lines = [line for line in stdout.splitlines() if line.startswith("RESULT ")]
     assert lines, stdout
@@ -149,14 +159,7 @@ def test_four_rank_search_two_groups_one_study(
             distributed={"group_size": 2, "sync_interval": 1},
         ),
     )
-    proc = run_mpi(
-        4,
-        ["-m", "optuna_hpcnas", "run", "--config", str(config), "--no-progress"],
-        timeout=180,
-        cwd=REPO,
-        env={"OPTUNA_STORAGE": url},
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    _hpcnas_run(4, config, timeout=180, env={"OPTUNA_STORAGE": url})
     study = optuna.load_study(study_name="mpi-search", storage=url)
     trials = study.get_trials(deepcopy=False)
     # exactly the budget: none lost, none extra, each number once, all finished
@@ -238,14 +241,7 @@ def test_the_timeout_stops_a_group_of_two_ranks_at_the_same_validation(tmp_path:
     sections["study"] = {"name": "timed", "n_trials": 1, "timeout": 0.05}
     sections["distributed"] = {"group_size": 2}
     config = write_config(tmp_path / "nas.toml", tiny_config(**sections))
-    proc = run_mpi(
-        2,
-        ["-m", "optuna_hpcnas", "run", "--config", str(config), "--no-progress"],
-        timeout=120,
-        cwd=REPO,
-        env={"OPTUNA_STORAGE": url},
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    _hpcnas_run(2, config, timeout=120, env={"OPTUNA_STORAGE": url})
     first, second = optuna.load_study(study_name="timed", storage=url).trials
     assert first.state == optuna.trial.TrialState.COMPLETE
     assert second.state == optuna.trial.TrialState.PRUNED
@@ -269,13 +265,7 @@ def test_one_shot_mode_under_mpirun_two_groups(tmp_path: Path, batch: int) -> No
             distributed={"group_size": 1, "one_shot_batch": batch},
         ),
     )
-    proc = run_mpi(
-        2,
-        ["-m", "optuna_hpcnas", "run", "--config", str(config), "--no-progress"],
-        timeout=180,
-        cwd=REPO,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    _hpcnas_run(2, config, timeout=180)
     study = optuna.load_study(study_name="one-shot", storage=url)
     trials = study.get_trials(deepcopy=False)
     assert len(trials) == 10 and all(t.state.is_finished() for t in trials)
