@@ -154,8 +154,7 @@ class ObjectiveConfig:
             ``enqueue_finalists``).
         finalists_share: One-shot mode under ``hpcnas run`` with a ``timeout``: from this
             share of the timeout before its end, every trial is a finalist until
-            ``finalists`` have started, and a published model still training stops at its
-            next validation (completed with its value there), leaving its group to them.
+            ``finalists`` have started.
     """
 
     objectives: tuple[str, ...] = ("accuracy",)

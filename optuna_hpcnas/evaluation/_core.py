@@ -107,7 +107,6 @@ class TrialPlan:
             with its value where it stopped.
         inherited: One-shot mode: the trial is scored with the supernet's weights alone (no
             fine-tuning), unless it is a finalist or a published model.
-        published: A published model enqueued by name (protected too).
     """
 
     stages: StagePlan
@@ -116,7 +115,6 @@ class TrialPlan:
     maximize: bool
     protected: bool = False
     inherited: bool = False
-    published: bool = False
 
     @classmethod
     def for_study(
@@ -160,7 +158,6 @@ class TrialPlan:
             "maximize": self.maximize,
             "protected": self.protected,
             "inherited": self.inherited,
-            "published": self.published,
         }
 
     @classmethod
@@ -172,15 +169,16 @@ class TrialPlan:
             bool(data["maximize"]),
             bool(data.get("protected", False)),
             bool(data.get("inherited", False)),
-            bool(data.get("published", False)),
         )
 
     def for_trial(self, user_attrs: Mapping[str, Any]) -> TrialPlan:
         """This plan for a trial with these user attributes: a published model or a
         one-shot finalist goes through every stage (protected, not inherited-only)."""
-        published = _keys.OBJECTIVE_REFERENCE in user_attrs
-        if published or _keys.OBJECTIVE_FINALIST_OF in user_attrs:
-            return replace(self, protected=True, inherited=False, published=published)
+        chosen = (
+            _keys.OBJECTIVE_REFERENCE in user_attrs or _keys.OBJECTIVE_FINALIST_OF in user_attrs
+        )
+        if chosen and (self.inherited or not self.protected):
+            return replace(self, protected=True, inherited=False)
         return self
 
 
@@ -888,8 +886,6 @@ class TrialEvaluator:
             link.record({_keys.OBJECTIVE_TIME_CAPPED: step})
         else:
             reason = "the search's timeout passed"
-            if plan.published and self.config.mode == "one-shot":  # ``SearchTimeout.check_for``
-                reason = "the finalists' turn (or the search's timeout) came"
             link.record({_keys.OBJECTIVE_SEARCH_ENDED: step})
         reason += f" at step {step} of {plan.total_steps}"
         if link.is_leader:

@@ -170,7 +170,7 @@ class GroupLoop:
         started = time.monotonic()
         with watch:
             with self.tracker.track("compute"):
-                ended = self._timeout.check_for(taken.plan)
+                ended = self._timeout.check
                 outcome = self.core.evaluate(
                     taken.arch, link, self.engine, on_step=hooks.on_step, search_ended=ended
                 )
@@ -212,9 +212,7 @@ class SearchTimeout:
     """The search's timeout on one group: no trial starts past it (``passed``), and a trial
     still training then stops at its next validation (``ended``, asked by the leader), once
     the study holds a complete trial, so that a search too short for any candidate still
-    leaves one to export. In one-shot mode a published model stops at the finalists' turn
-    (``check_for``): the finalists' share of the timeout is theirs even when published
-    models hold every group.
+    leaves one to export.
 
     Args:
         seconds: The timeout from now (``None``: none).
@@ -235,15 +233,6 @@ class SearchTimeout:
         """``search_ended`` for ``TrialEvaluator.evaluate``: on every rank of a group when
         there is a timeout (the leader's alone is called)."""
         return None if self._deadline is None else self.ended
-
-    def check_for(self, plan: TrialPlan) -> Callable[[], bool] | None:
-        """``search_ended`` for the leader's trial of this ``plan``."""
-        if self._deadline is None or not plan.published or self._queue is None:
-            return self.check
-        turn = self._queue.calls.finalists_from
-        if turn is None:
-            return self.ended
-        return lambda: time.monotonic() >= turn or self.ended()
 
     def passed(self) -> bool:
         return self._deadline is not None and time.monotonic() >= self._deadline
