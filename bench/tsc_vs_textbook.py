@@ -443,6 +443,9 @@ def main() -> None:
     parser.add_argument("--methods", nargs="+", default=list(DEFAULT_METHODS), choices=METHODS)
     parser.add_argument("--out", default="bench/results/tsc_vs_textbook.json")
     parser.add_argument(
+        "--keep", type=Path, default=None, help="keep each search arm's study and export here"
+    )
+    parser.add_argument(
         "--table-only", action="store_true", help="print the table of --out, run nothing"
     )
     parser.add_argument(
@@ -477,9 +480,14 @@ def main() -> None:
                 given = budget if method in PRESETS else max([budget, *walls])
                 started = time.perf_counter()
                 if method in PRESETS:
-                    with tempfile.TemporaryDirectory() as work:
-                        preset = presets(name)[method]
-                        result = hpcnas(name, seed, budget, Path(work), preset)
+                    preset = presets(name)[method]
+                    if args.keep is not None:  # the study and export, kept to be read
+                        kept = args.keep / key.replace("/", "-")
+                        kept.mkdir(parents=True, exist_ok=True)
+                        result = hpcnas(name, seed, budget, kept, preset)
+                    else:
+                        with tempfile.TemporaryDirectory() as work:
+                            result = hpcnas(name, seed, budget, Path(work), preset)
                 elif method in ("tpe+hyperband", "random+sh"):
                     result = optuna_peer(name, seed, given, method)
                 else:

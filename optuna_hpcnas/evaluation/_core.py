@@ -107,6 +107,9 @@ class TrialPlan:
             with its value where it stopped.
         inherited: One-shot mode: the trial is scored with the supernet's weights alone (no
             fine-tuning), unless it is a finalist or a published model.
+        published: A published model enqueued by name (protected too): the search's timeout
+            does not stop it (its own ``max_trial_seconds`` does), so the export compares
+            the search's picks with the textbook models trained to the end of their plan.
     """
 
     stages: StagePlan
@@ -115,6 +118,7 @@ class TrialPlan:
     maximize: bool
     protected: bool = False
     inherited: bool = False
+    published: bool = False
 
     @classmethod
     def for_study(
@@ -158,6 +162,7 @@ class TrialPlan:
             "maximize": self.maximize,
             "protected": self.protected,
             "inherited": self.inherited,
+            "published": self.published,
         }
 
     @classmethod
@@ -169,16 +174,15 @@ class TrialPlan:
             bool(data["maximize"]),
             bool(data.get("protected", False)),
             bool(data.get("inherited", False)),
+            bool(data.get("published", False)),
         )
 
     def for_trial(self, user_attrs: Mapping[str, Any]) -> TrialPlan:
         """This plan for a trial with these user attributes: a published model or a
         one-shot finalist goes through every stage (protected, not inherited-only)."""
-        chosen = (
-            _keys.OBJECTIVE_REFERENCE in user_attrs or _keys.OBJECTIVE_FINALIST_OF in user_attrs
-        )
-        if chosen and (self.inherited or not self.protected):
-            return replace(self, protected=True, inherited=False)
+        published = _keys.OBJECTIVE_REFERENCE in user_attrs
+        if published or _keys.OBJECTIVE_FINALIST_OF in user_attrs:
+            return replace(self, protected=True, inherited=False, published=published)
         return self
 
 
@@ -833,15 +837,15 @@ class TrialEvaluator:
         plan: TrialPlan,
     ) -> str | None:
         """Why the trial stops at ``step`` for time (``_CAP``: past its own deadline;
-        ``_TIMEOUT``: the search's timeout passed), or ``None``. The leader's clock, shared:
-        every rank of a group stops at the same round."""
+        ``_TIMEOUT``: the search's timeout passed, not for a published model), or ``None``.
+        The leader's clock, shared: every rank of a group stops at the same round."""
         if (deadline is None and search_ended is None) or step >= plan.total_steps:
             return None
         why = None
         if link.is_leader:
             if deadline is not None and time.perf_counter() > deadline:
                 why = _CAP
-            elif search_ended is not None and search_ended():
+            elif search_ended is not None and not plan.published and search_ended():
                 why = _TIMEOUT
         return link.share(why)
 

@@ -167,9 +167,39 @@ def test_the_plan_of_a_finalist_or_a_published_model_trains() -> None:
     assert not plan.for_trial({_keys.OBJECTIVE_FINALIST_OF: 3}).inherited
     assert plan.for_trial({_keys.OBJECTIVE_FINALIST_OF: 3}).protected
     assert not plan.for_trial({_keys.OBJECTIVE_REFERENCE: "fcn"}).inherited
+    assert plan.for_trial({_keys.OBJECTIVE_REFERENCE: "fcn"}).published
+    assert not plan.for_trial({_keys.OBJECTIVE_FINALIST_OF: 3}).published
     assert plan.for_trial({}).inherited
-    assert TrialPlan.from_dict(plan.to_dict()) == plan
+    for p in (plan, plan.for_trial({_keys.OBJECTIVE_REFERENCE: "fcn"})):
+        assert TrialPlan.from_dict(p.to_dict()) == p
     assert not TrialPlan.for_study(study, ObjectiveConfig(), PLAN).inherited
+
+
+class _LeaderLink:
+    is_leader = True
+
+    @staticmethod
+    def share(value: Any) -> Any:
+        return value
+
+
+def test_the_search_timeout_stops_a_finalist_but_not_a_published_model() -> None:
+    """A published model trains to the end of its plan past the search's timeout (its own
+    ``max_trial_seconds`` still stops it); a finalist or a budget trial stops."""
+    study = optuna.create_study(direction="maximize", pruner=StagedPruner(PLAN))
+    plan = TrialPlan.for_study(study, ObjectiveConfig(mode="one-shot"), PLAN)
+    core = _objective().core
+    link: Any = _LeaderLink()
+
+    def ended() -> bool:
+        return True
+
+    finalist = plan.for_trial({_keys.OBJECTIVE_FINALIST_OF: 3})
+    published = plan.for_trial({_keys.OBJECTIVE_REFERENCE: "fcn"})
+    assert core._over_time(link, None, ended, 1, finalist) == "timeout"
+    assert core._over_time(link, None, ended, 1, plan) == "timeout"
+    assert core._over_time(link, None, ended, 1, published) is None
+    assert core._over_time(link, 0.0, ended, 1, published) == "max_trial_seconds"
 
 
 def _inherited_study(values: list[tuple[float, float]]) -> optuna.Study:
