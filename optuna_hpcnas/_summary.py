@@ -176,10 +176,15 @@ def export_choice(study: optuna.Study) -> tuple[FrozenTrial, str | None] | None:
     the margin (the best among them or not), the first enqueued: the order of ``[study]
     enqueue`` is the user's order of preference between models the validation cannot tell
     apart. The standard error is the binomial one of the best trial's accuracy on its
-    ``validation_samples``, at least one sample. Several objectives, or a study without
-    those records: the best trial (the Pareto front's best in the first objective).
+    ``validation_samples``, at least one sample. On fewer than ``TOO_FEW_TO_RANK`` samples
+    (a one-shot search's holdout on a few dozen series: one sample is 5 points or more) no
+    value ranks, and the first published model that completed is exported whatever the
+    values say. Several objectives, or a study without those records: the best trial (the
+    Pareto front's best in the first objective).
     """
     from optuna.study import StudyDirection
+
+    from optuna_hpcnas.evaluation._folds import TOO_FEW_TO_RANK
 
     ranked = best_trials(study, top=1)
     if not ranked:
@@ -192,13 +197,21 @@ def export_choice(study: optuna.Study) -> tuple[FrozenTrial, str | None] | None:
     if not isinstance(samples, int) or samples < 1 or not isinstance(accuracy, (int, float)):
         return best, None
     complete = completed_trials(study)
+    published = [t for t in complete if _keys.OBJECTIVE_REFERENCE in t.user_attrs]
+    if samples < TOO_FEW_TO_RANK and published:
+        chosen = min(published, key=lambda t: t.number)  # enqueued in the user's order
+        if chosen is best:
+            return best, None
+        name = chosen.user_attrs[_keys.OBJECTIVE_REFERENCE]
+        return chosen, (
+            f"the trials' values rest on {samples} validation samples, too few to rank "
+            f"(fewer than {TOO_FEW_TO_RANK}; the best trial {best.number}: "
+            f"{best.values[0]:.4f}): exporting the first published model {name!r} "
+            f"(trial {chosen.number}, {chosen.values[0]:.4f})"
+        )
     spread = max(accuracy * (1.0 - accuracy), 1.0 / samples)
     margin = math.sqrt(spread / samples) * max(1.0, math.sqrt(2.0 * math.log(len(complete))))
-    close = [
-        t
-        for t in complete
-        if _keys.OBJECTIVE_REFERENCE in t.user_attrs and t.values[0] >= best.values[0] - margin
-    ]
+    close = [t for t in published if t.values[0] >= best.values[0] - margin]
     if not close:
         return best, None
     chosen = min(close, key=lambda t: t.number)  # enqueued in the user's order

@@ -119,3 +119,26 @@ def test_a_one_shot_study_exports_a_trained_trial_when_only_published_models_tra
     untrained = _study((0.6, {**_attrs(0.6), **inherited}), (0.8, {**_attrs(0.8), **inherited}))
     choice = export_choice(untrained)
     assert choice is not None and choice[0].number == 1
+
+
+def test_on_too_few_validation_samples_the_first_published_model_is_exported() -> None:
+    """On 6 validation series (a one-shot holdout of a few dozen) a finalist's 6 of 6 against
+    a published model's 4 of 6 is two samples: no value ranks there, and the first published
+    model that completed is exported, beyond any margin; on 20 samples the margin rules."""
+    few = _study(
+        (0.616, _attrs(0.667, 6, reference="fcn")),
+        (0.642, _attrs(0.667, 6, reference="resnet")),
+        (0.999, _attrs(1.0, 6)),
+    )
+    choice = export_choice(few)
+    assert choice is not None
+    trial, why = choice
+    assert trial.number == 0 and "'fcn'" in str(why) and "6 validation samples" in str(why)
+    assert "too few to rank" in str(why)
+    enough = _study(
+        (0.616, _attrs(0.65, 20, reference="fcn")),
+        (0.999, _attrs(1.0, 20)),
+    )
+    assert export_choice(enough) == (enough.trials[1], None)
+    alone = _study((0.9, _attrs(0.9, 6)), (0.8, _attrs(0.8, 6)))  # nothing published
+    assert export_choice(alone) == (alone.trials[0], None)
