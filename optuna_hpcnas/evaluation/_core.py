@@ -506,7 +506,8 @@ class TrialEvaluator:
             _logger.warning(
                 "Only %d samples score each candidate: one sample is %.0f accuracy points, so "
                 "candidates a few samples apart are not told apart; ties rank by the "
-                "log-loss, and the export trains the first published model that completed.",
+                "log-loss, and the export trains the first published model that completed "
+                "(if one was enqueued).",
                 self.folds.validation_size,
                 100 / max(self.folds.validation_size, 1),
             )
