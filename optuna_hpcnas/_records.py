@@ -359,9 +359,11 @@ def pop_waiting_trial(study: optuna.Study, claim: str | None = None) -> optuna.T
     so is this process as the trial's owner (the record a sweep reads to fail the trial at
     once when this process is gone, ``storages.recover_expired_trials``): a worker killed
     right after its pop, before its heartbeat or lease began, leaves no anonymous trial. A
-    journal storage records only which writer took a trial: with ``claim`` this thread's
-    last claim is forgotten first (``_forget_journal_claim``), so the trial it owns after
-    the pop (a trial it gave back and takes again included) is this pop's.
+    journal storage records only which writer took a trial, and Optuna's pop counts a claim
+    won when the trial is the one this thread owns after it: with ``claim`` this thread's
+    last claim is forgotten first (``_forget_journal_claim``), so a trial it gave back and
+    another writer took first does not read as won; a lost answer is found from the journal
+    itself (``claimed_trial_id``).
     """
     import optuna
 
@@ -411,19 +413,15 @@ def claimed_trial_id(
 ) -> int | None:
     """The RUNNING trial an earlier ``pop_waiting_trial(study, claim)`` took, if it did (its
     answer lost with the connection). RDB storages: the trial carrying ``claim``; journal
-    storages: the trial this thread owns now, read from the journal (the pop forgot the one
-    it owned before), or else, with ``journal_from`` (the journal's position before the
-    pop), the trial whose first state change since is this thread's claim: another thread
-    of the process may have read the claim first (its own call syncing the journal while
-    this one's answer was lost), and Optuna's replay then records no owner for this
-    thread; others: ``None``."""
+    storages, given ``journal_from`` (``journal_position`` before the pop): the trial whose
+    first state change since is this thread's claim, read from the journal itself (Optuna's
+    replay records a claim's owner only when the claiming thread reads it back, and another
+    thread of the process may have read it first); others: ``None``."""
     from optuna.trial import TrialState
 
     rdb = rdb_backend(study._storage)
     if rdb is None:
-        owned = _journal_owned_trial(study)
-        if owned is None and journal_from is not None:
-            owned = _journal_claim_since(study, journal_from)
+        owned = None if journal_from is None else _journal_claim_since(study, journal_from)
         if owned is None:
             return None
         trial = study._storage.get_trial(owned)
@@ -446,26 +444,13 @@ def claimed_trial_id(
     return None if row is None else int(row[0])
 
 
-def _journal_owned_trial(study: optuna.Study) -> int | None:
-    """The trial this thread last took on a journal storage, its new entries read first (a
-    storage call); ``None`` elsewhere."""
-    from optuna.storages import JournalStorage
-
-    storage = study._storage
-    if not isinstance(storage, JournalStorage):
-        return None
-    with storage._thread_lock:
-        storage._sync_with_backend()
-        return storage._replay_result.owned_trial_id
-
-
 def journal_position(study: optuna.Study) -> int | None:
     """How far this process has read the study's journal (no storage call); ``None`` off a
     journal storage."""
-    from optuna.storages import JournalStorage
+    from optuna_hpcnas._journal_batch import journal_storage
 
-    storage = study._storage
-    if not isinstance(storage, JournalStorage):
+    storage = journal_storage(study._storage)
+    if storage is None:
         return None
     with storage._thread_lock:
         return storage._replay_result.log_number_read
@@ -473,14 +458,15 @@ def journal_position(study: optuna.Study) -> int | None:
 
 def _journal_claim_since(study: optuna.Study, start: int) -> int | None:
     """The trial whose first state change in the journal from ``start`` on is this thread's
-    claim (``first_state_logs``), if one is."""
-    from optuna.storages import JournalStorage
+    claim (``first_state_logs``), if one is; ``None`` off a journal storage."""
     from optuna.trial import TrialState
 
     from optuna_hpcnas._journal_batch import first_state_logs
+    from optuna_hpcnas._journal_batch import journal_storage
 
-    storage = study._storage
-    assert isinstance(storage, JournalStorage)
+    storage = journal_storage(study._storage)
+    if storage is None:
+        return None
     worker = storage._replay_result.worker_id
     for trial_id, log in first_state_logs(storage, start).items():
         if log["worker_id"] == worker and TrialState(log["state"]) == TrialState.RUNNING:

@@ -420,6 +420,32 @@ def test_a_lost_pop_of_the_trial_this_worker_gave_back_takes_it_again(
     assert states.count(TrialState.RUNNING) == 1 and states.count(TrialState.WAITING) == 2
 
 
+def test_a_journal_pop_of_a_trial_it_gave_back_that_another_writer_took_first_moves_on(
+    tmp_path: Path,
+) -> None:
+    """This worker gave a trial back; its next pop claims that trial just after another
+    writer did: Optuna's pop reads "claimed" as "the trial this thread owns", still the
+    given-back trial unless the pop forgot it first, and would take a trial another worker
+    runs. The pop moves on to the next WAITING trial instead."""
+    study = _study("journal", tmp_path)
+    given = _records.pop_waiting_trial(study, claim="token-1")
+    assert given is not None and _records.return_to_queue(given)
+    other = open_storage(str(tmp_path / "o.journal"))
+    backend = study._storage._backend
+    append = backend.append_logs
+
+    def after_the_other(logs: list[dict[str, Any]]) -> None:
+        backend.append_logs = append  # once
+        other.set_trial_state_values(given._trial_id, TrialState.RUNNING)
+        append(logs)
+
+    backend.append_logs = after_the_other
+    trial = _records.pop_waiting_trial(study, claim="token-2")
+    assert trial is not None and trial.number != given.number
+    states = [t.state for t in study.get_trials(deepcopy=False)]
+    assert states.count(TrialState.RUNNING) == 2 and states.count(TrialState.WAITING) == 1
+
+
 @pytest.mark.parametrize("kind", ["rdb", "journal"])
 def test_a_pop_that_never_landed_takes_a_new_trial_beside_the_one_running(
     kind: str, tmp_path: Path
