@@ -13,6 +13,7 @@ once per cap on the batch, in the same run (the starter's cap and the one it rep
         [--plot docs/images/export_recipe.png]
         [--fixed-lr 1e-2]   # one rate at every batch size instead of the square-root rule
         [--model plain]  # or plain-norm, wang: which FCN (``MODELS``)
+        [--average 0.25]  # weight averaging over the last quarter of the steps
 """
 
 from __future__ import annotations
@@ -82,6 +83,7 @@ def curve(
     cap: int | None,
     fixed_lr: float | None,
     model_kind: str = "space",
+    average: float | None = None,
 ) -> dict[str, Any]:
     from optuna_hpcnas.cli import starter
     from optuna_hpcnas.config import DataConfig
@@ -106,6 +108,8 @@ def curve(
         export["steps"] = steps
     if cap is not None:
         export["max_batch_size"] = cap
+    if average is not None:
+        export["average"] = average
     recipe = ScratchTrainingConfig(**{**export, "seed": seed, "latency_repeats": 0})
     samples = len(training_set(data, recipe))
     if fixed_lr is not None:  # the same batch, the rate and steps not scaled with it
@@ -127,6 +131,7 @@ def curve(
         "set": name,
         "seed": seed,
         "cap": recipe.max_batch_size,
+        "average": recipe.average,
         "batch": result["batch_size"],
         "seconds": time.perf_counter() - started,
         "test": result["test_accuracy"],
@@ -182,6 +187,10 @@ def main() -> None:
         "before the pooling, or Wang et al.'s",
     )  # fmt: skip
     parser.add_argument(
+        "--average", type=float, default=None,
+        help="share of the steps whose weights are averaged (default: the starter's)",
+    )  # fmt: skip
+    parser.add_argument(
         "--fixed-lr",
         type=float,
         default=None,
@@ -190,12 +199,13 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     rows = [
-        curve(name, seed, args.preset, args.steps, cap, args.fixed_lr, args.model)
+        curve(name, seed, args.preset, args.steps, cap, args.fixed_lr, args.model, args.average)
         for name in args.sets
         for cap in args.max_batch_sizes or [None]
         for seed in args.seeds
     ]
-    print(f"FCN of {args.preset} ({args.model}), its starter's [export]")
+    average = "" if args.average is None else f", weights averaged over the last {args.average}"
+    print(f"FCN of {args.preset} ({args.model}), its starter's [export]{average}")
     print("| set | seed | batch | steps | seconds | test accuracy by tenth of the steps | final |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:

@@ -283,6 +283,11 @@ class ScratchTrainingConfig:
         holdout: Train on the training split only (``True``) or on training and validation
             together (``False``, the export: the search has already used the validation
             split to choose the architecture).
+        average: The last share of the steps whose weights are averaged (stochastic weight
+            averaging, Izmailov et al. 2018, with ``torch.optim.swa_utils``): the learning
+            rate holds at its cosine value where the share begins, the weights after every
+            step of it are averaged, and BatchNorm statistics are recomputed on the training
+            set for the average. ``0``: the last weights, as trained.
     """
 
     steps: int = 2000
@@ -295,6 +300,7 @@ class ScratchTrainingConfig:
     grad_clip: float = 0.0
     precision: str = "fp32"
     holdout: bool = False
+    average: float = 0.0
 
     def __post_init__(self) -> None:
         check_int("steps", self.steps, 0)
@@ -307,6 +313,7 @@ class ScratchTrainingConfig:
         check_number("grad_clip", self.grad_clip, positive=False, minimum=0)
         check_choice("precision", self.precision, PRECISIONS)
         check_bool("holdout", self.holdout)
+        check_number("average", self.average, positive=False, minimum=0, maximum=0.9)
 
     def schedule(self, samples: int) -> TrainingSchedule:
         """The batch, steps and starting rate this recipe trains ``samples`` examples with."""

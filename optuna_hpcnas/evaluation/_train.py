@@ -8,6 +8,7 @@ from typing import Any
 import torch
 from torch import nn
 import torch.nn.functional as F
+from torch.optim.swa_utils import AveragedModel
 
 from optuna_hpcnas.data import iterate_batches
 from optuna_hpcnas.data import joined
@@ -23,12 +24,15 @@ from optuna_hpcnas.search_space import Architecture
 from optuna_hpcnas.search_space import HierarchicalSearchSpace
 from optuna_hpcnas.supernet import cosine_lr
 from optuna_hpcnas.supernet import Precision
+from optuna_hpcnas.supernet import recalibrate_batch_norm
 from optuna_hpcnas.supernet import train_step
 from optuna_hpcnas.supernet._training import torch_optimizer
 
 # The start of the message of every non-finite loss a candidate's training meets (the core's
 # ``on_nan`` recognises its own by it).
 NON_FINITE = "non-finite loss"
+# Samples per forward when an averaged model's BatchNorm statistics are recomputed.
+_STATISTICS_BATCH = 256
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -167,7 +171,9 @@ def _fit(
 ) -> None:
     """``schedule.steps`` steps of the supernet's ``train_step`` (one plain path, ``config``'s
     precision and clipping) on shuffled batches, at the step's ``cosine_lr``; on the model's
-    device, torch's global RNG untouched."""
+    device, torch's global RNG untouched. With ``config.average``, the rate holds from the
+    averaged share's first step and ``model`` ends with the average of its weights over that
+    share (``_take_average``)."""
     generator = torch.Generator().manual_seed(config.seed)
     device = device_of(model)
     precision = Precision(config.precision)
@@ -180,12 +186,14 @@ def _fit(
         "adam", model.parameters(), lr=lr, momentum=0.0, weight_decay=config.weight_decay
     )
     total = max(steps, 1)
+    averaged_from = steps - round(steps * config.average)
+    averaged = AveragedModel(model) if averaged_from < steps else None
     batches = stream_batches(train, schedule.batch_size, generator=generator)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(config.seed)  # dropout and the like draw from it
         for step, (x, y) in zip(range(steps), batches):
             for group in optimizer.param_groups:
-                group["lr"] = cosine_lr(lr, step, total)
+                group["lr"] = cosine_lr(lr, min(step, averaged_from), total)
             result = train_step(
                 model, optimizer, x.to(device), y.to(device), [None],
                 precision=precision, scaler=scaler, grad_clip=config.grad_clip,
@@ -194,5 +202,22 @@ def _fit(
                 raise NonFiniteLossError(
                     f"{NON_FINITE} at step {step + 1} of {steps}: lower `lr` or set `grad_clip`"
                 )
+            if averaged is not None and step >= averaged_from:
+                averaged.update_parameters(model)
             if on_step is not None:
                 on_step(step + 1, result.loss)
+    if averaged is not None:
+        _take_average(model, averaged, train)
+
+
+def _take_average(model: nn.Module, averaged: AveragedModel, train: Any) -> None:
+    """Load the averaged weights into ``model`` and recompute its BatchNorm statistics on
+    ``train`` (an average of weights has no running statistics of its own)."""
+    model.load_state_dict(averaged.module.state_dict())
+    device = device_of(model)
+    batches = (
+        (x.to(device), y)
+        for x, y in iterate_batches(train, _STATISTICS_BATCH)
+        if len(x) > 1  # a one-sample batch has no batch statistics
+    )
+    recalibrate_batch_norm(model, batches)

@@ -156,6 +156,81 @@ def test_a_capped_auto_batch_trains_longer_at_a_lower_rate(digits: TaskData) -> 
     assert train_model(_LinearTurningNaN(after=10**9), digits, fixed)["batch_size"] == 32
 
 
+class _ConvBatchNorm(nn.Module):
+    """A convolution, BatchNorm and a linear layer over digits' 8 x 8 images."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv = nn.Conv2d(1, 4, 3, padding=1)
+        self.norm = nn.BatchNorm2d(4)
+        self.head = nn.Linear(4, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.relu(self.norm(self.conv(x))).mean(dim=(2, 3)))
+
+
+def test_weight_averaging_ends_with_the_mean_weights_of_its_share_and_their_statistics(
+    digits: TaskData,
+) -> None:
+    """``average = 0.25`` over 40 steps: the rate holds from step 31 at its cosine value
+    there, the model ends with the mean of its weights after steps 31-40, and its BatchNorm
+    statistics are those of these mean weights on the training set."""
+    lrs: list[float] = []
+    handle = register_optimizer_step_pre_hook(
+        lambda opt, args, kwargs: lrs.append(opt.param_groups[0]["lr"])
+    )
+    model = _ConvBatchNorm()
+    snapshots: list[dict[str, torch.Tensor]] = []
+
+    def keep(step: int, loss: float) -> None:
+        if step > 30:
+            snapshots.append({k: v.detach().clone() for k, v in model.named_parameters()})
+
+    config = ScratchTrainingConfig(
+        steps=40, lr=1e-2, batch_size=32, seed=0, latency_repeats=0, holdout=True, average=0.25
+    )
+    try:
+        train_model(model, digits, config, on_step=keep)
+    finally:
+        handle.remove()
+    plain = ScratchTrainingConfig(steps=40, lr=1e-2, batch_size=32)
+    assert lrs[:31] == pytest.approx(
+        [plain.lr * 0.5 * (1 + math.cos(math.pi * min(s, 30) / 40)) for s in range(31)]
+    )
+    assert lrs[30:] == [lrs[30]] * 10 and 0 < lrs[30] < lrs[0]
+    assert len(snapshots) == 10
+    for name, value in model.named_parameters():
+        mean = torch.stack([s[name] for s in snapshots]).mean(dim=0)
+        assert torch.allclose(value, mean, atol=1e-6), name
+        assert not torch.allclose(value, snapshots[-1][name], atol=1e-6), name  # not the last
+    x, _ = digits.train.tensors  # type: ignore[attr-defined]
+    with torch.no_grad():
+        pre_norm = model.conv(x[:256])  # the first of the training set's batches of 256
+    running = model.norm.running_mean
+    expected = [pre_norm.mean(dim=(0, 2, 3))]
+    with torch.no_grad():
+        for start in range(256, len(x), 256):
+            chunk = x[start : start + 256]
+            if len(chunk) > 1:
+                expected.append(model.conv(chunk).mean(dim=(0, 2, 3)))
+    assert torch.allclose(running, torch.stack(expected).mean(dim=0), atol=1e-5)
+
+
+def test_no_weight_averaging_keeps_the_last_weights(digits: TaskData) -> None:
+    """``average = 0`` (the default) and an explicit 0 train the same weights."""
+    weights = []
+    for config in (
+        ScratchTrainingConfig(steps=12, batch_size=32, latency_repeats=0, holdout=True),
+        ScratchTrainingConfig(steps=12, batch_size=32, latency_repeats=0, holdout=True, average=0),
+    ):
+        model = _ConvBatchNorm()
+        train_model(model, digits, config)
+        weights.append(model.state_dict())
+    for name, value in weights[0].items():
+        assert torch.equal(value, weights[1][name]), name
+
+
 def test_train_model_stops_at_a_non_finite_loss_naming_the_step(digits: TaskData) -> None:
     model = _LinearTurningNaN(after=38)
     with pytest.raises(
@@ -234,6 +309,10 @@ def test_scratch_config_validates() -> None:
         ScratchTrainingConfig(grad_clip="1")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"`precision` is 'fp8', but must be one of \['fp32'"):
         ScratchTrainingConfig(precision="fp8")
+    with pytest.raises(ValueError, match="`average` is 1.0, but must be <= 0.9"):
+        ScratchTrainingConfig(average=1.0)
+    with pytest.raises(ValueError, match="`average` is -0.1"):
+        ScratchTrainingConfig(average=-0.1)
 
 
 def test_lazy_top_level_names_do_not_import_torch_eagerly() -> None:
